@@ -1,0 +1,62 @@
+"""django-agentrun: durable Claude tool-use agent runs for Django and Celery."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Agent",
+    "Budget",
+    "Reconciliation",
+    "SideEffect",
+    "ToolContext",
+    "ToolError",
+    "approve_tool_call",
+    "cancel_run",
+    "reject_tool_call",
+    "resolve_tool_call",
+    "resume_run",
+    "start_run",
+    "tool",
+]
+
+_LAZY = {
+    "Agent": "agents",
+    "Budget": "agents",
+    "Reconciliation": "tools",
+    "ToolContext": "tools",
+    "tool": "tools",
+    "SideEffect": "states",
+    "ToolError": "exceptions",
+    "start_run": "services",
+    "cancel_run": "services",
+    "resume_run": "services",
+    "approve_tool_call": "services",
+    "reject_tool_call": "services",
+    "resolve_tool_call": "services",
+}
+
+if TYPE_CHECKING:
+    from .agents import Agent, Budget
+    from .exceptions import ToolError
+    from .services import (
+        approve_tool_call,
+        cancel_run,
+        reject_tool_call,
+        resolve_tool_call,
+        resume_run,
+        start_run,
+    )
+    from .states import SideEffect
+    from .tools import Reconciliation, ToolContext, tool
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy so that importing the package (e.g. for the AppConfig) does not load models early.
+    if name in _LAZY:
+        from importlib import import_module
+
+        return getattr(import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,56 @@
+"""Cooperative cancellation: one AbortSignal per advance of a run.
+
+The heartbeat thread aborts it when a cancel request (or a lost lease) is seen;
+the model stream and every tool execution context listen to it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+
+class AbortSignal:
+    """A thread-safe, one-shot abort flag with callbacks (like the web's AbortSignal)."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[], object]] = []
+        self.reason: str = ""
+
+    @property
+    def aborted(self) -> bool:
+        return self._event.is_set()
+
+    def abort(self, reason: str = "cancelled") -> None:
+        with self._lock:
+            if self._event.is_set():
+                return
+            self.reason = reason
+            self._event.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:  # noqa: BLE001 - a failing listener must not stop the others
+                pass
+
+    def add_callback(self, callback: Callable[[], object]) -> Callable[[], None]:
+        """Call `callback` on abort (at once if already aborted); returns a remover."""
+        with self._lock:
+            if not self._event.is_set():
+                self._callbacks.append(callback)
+
+                def remove() -> None:
+                    with self._lock:
+                        if callback in self._callbacks:
+                            self._callbacks.remove(callback)
+
+                return remove
+        callback()
+        return lambda: None
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Sleep up to `timeout` seconds, waking early on abort; True if aborted."""
+        return self._event.wait(timeout)

@@ -1,0 +1,3 @@
+"""DRF endpoints (filled in by the API issue)."""
+
+urlpatterns: list = []

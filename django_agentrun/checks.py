@@ -1,0 +1,1 @@
+"""System checks (filled in below)."""

@@ -1,0 +1,121 @@
+"""The small protocol between the engine and a model (Claude Messages API shaped)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from ..abort import AbortSignal
+from ..exceptions import AgentRunError
+
+USAGE_KEYS = (
+    "input_tokens",
+    "output_tokens",
+    "cache_creation_input_tokens",
+    "cache_read_input_tokens",
+)
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Token counts of one response, named like the API's usage keys."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_creation_input_tokens: int = 0
+    cache_read_input_tokens: int = 0
+
+    @classmethod
+    def from_mapping(cls, data: Any) -> Usage:
+        def get(key: str) -> int:
+            value = data.get(key) if isinstance(data, dict) else getattr(data, key, None)
+            return int(value or 0)
+
+        return cls(**{key: get(key) for key in USAGE_KEYS})
+
+    def as_dict(self) -> dict[str, int]:
+        return {key: getattr(self, key) for key in USAGE_KEYS}
+
+    @property
+    def prompt_tokens(self) -> int:
+        """All tokens of the prompt, cached or not."""
+        return self.input_tokens + self.cache_creation_input_tokens + self.cache_read_input_tokens
+
+
+@dataclass(frozen=True)
+class ModelRequest:
+    """One Messages API request. `system` and `tools` are the stable (cacheable) prefix."""
+
+    model: str
+    messages: list[dict[str, Any]]
+    max_tokens: int
+    system: list[dict[str, Any]] = field(default_factory=list)
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    tool_choice: dict[str, Any] | None = None
+    cache_prefix: bool = True
+    stop_sequences: list[str] = field(default_factory=list)
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ModelResponse:
+    """What the engine records of one model response."""
+
+    message_id: str
+    content: list[dict[str, Any]]
+    stop_reason: str | None
+    usage: Usage
+    model: str = ""
+    request_id: str = ""
+    stop_sequence: str | None = None
+
+
+class ModelError(AgentRunError):
+    """The model call failed."""
+
+    code = "model_error"
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        retryable: bool = False,
+        status: int | None = None,
+        retry_after: float | None = None,
+        request_id: str = "",
+    ) -> None:
+        super().__init__(message or self.__doc__ or "")
+        self.retryable = retryable
+        self.status = status
+        self.retry_after = retry_after
+        self.request_id = request_id
+
+    def __reduce__(self):  # keep keyword arguments through pickling (Celery pickles errors)
+        return (
+            _rebuild_model_error,
+            (type(self), str(self), self.retryable, self.status, self.retry_after, self.request_id),
+        )
+
+
+def _rebuild_model_error(cls, message, retryable, status, retry_after, request_id):
+    return cls(
+        message, retryable=retryable, status=status, retry_after=retry_after, request_id=request_id
+    )
+
+
+class StreamAborted(AgentRunError):
+    """The model stream was closed because the run was cancelled or lost its lease."""
+
+    code = "stream_aborted"
+
+
+@runtime_checkable
+class ModelClient(Protocol):
+    """Anything that turns a ModelRequest into a ModelResponse.
+
+    It must raise StreamAborted promptly once `abort` fires (closing the HTTP
+    response, not draining it), ModelError(retryable=True) for 429/529/5xx and
+    connection errors, and ModelError(retryable=False) for the rest.
+    """
+
+    def create(self, request: ModelRequest, *, abort: AbortSignal) -> ModelResponse: ...

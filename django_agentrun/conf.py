@@ -1,0 +1,90 @@
+"""Typed settings with defaults, read live from Django settings (AGENTRUN_<NAME>).
+
+Every access goes to django.conf.settings, so pytest-django's `settings`
+fixture and override_settings just work.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings as django_settings
+
+# Prices in USD per million tokens: input, output, cache write (5 min), cache read.
+DEFAULT_PRICES: dict[str, dict[str, float]] = {
+    "claude-opus-4-5": {"input": 5.0, "output": 25.0, "cache_write": 6.25, "cache_read": 0.5},
+    "claude-opus-4-1": {"input": 15.0, "output": 75.0, "cache_write": 18.75, "cache_read": 1.5},
+    "claude-opus-4-0": {"input": 15.0, "output": 75.0, "cache_write": 18.75, "cache_read": 1.5},
+    "claude-sonnet-4-5": {"input": 3.0, "output": 15.0, "cache_write": 3.75, "cache_read": 0.3},
+    "claude-sonnet-4-0": {"input": 3.0, "output": 15.0, "cache_write": 3.75, "cache_read": 0.3},
+    "claude-haiku-4-5": {"input": 1.0, "output": 5.0, "cache_write": 1.25, "cache_read": 0.1},
+    "claude-3-5-haiku-latest": {"input": 0.8, "output": 4.0, "cache_write": 1.0, "cache_read": 0.08},
+}
+
+DEFAULTS: dict[str, Any] = {
+    # Lease held by the worker advancing a run; the heartbeat renews it.
+    "LEASE_SECONDS": 30.0,
+    # How often the heartbeat polls for cancel requests and renews the lease.
+    "HEARTBEAT_SECONDS": 0.5,
+    # Suggested period of the beat-scheduled reaper.
+    "REAPER_INTERVAL_SECONDS": 10.0,
+    # A queued run nobody claimed for this long is re-enqueued by the reaper.
+    "QUEUED_STALE_SECONDS": 60.0,
+    # Rows the reaper handles per batch.
+    "REAPER_BATCH_SIZE": 100,
+    # After this many crash recoveries the run fails with recovery_exhausted.
+    "MAX_RECOVERY_ATTEMPTS": 5,
+    # SIGTERM to SIGKILL grace for ctx.run_subprocess on cancel.
+    "CANCEL_GRACE_SECONDS": 5.0,
+    # Dotted path to the model client class (or factory).
+    "MODEL_CLIENT": "django_agentrun.clients.anthropic.AnthropicModelClient",
+    # SDK retries inside a worker (keep low: the engine does bounded, cancellable backoff).
+    "ANTHROPIC_MAX_RETRIES": 1,
+    # Seconds before the SDK gives up on one request.
+    "ANTHROPIC_TIMEOUT": 300.0,
+    # Engine-level retries of a retryable model error (429/529/5xx/connection).
+    "MODEL_RETRIES": 3,
+    # Backoff bounds for those retries (seconds).
+    "MODEL_RETRY_BASE_SECONDS": 1.0,
+    "MODEL_RETRY_MAX_SECONDS": 30.0,
+    # Defaults for agents that do not say otherwise.
+    "DEFAULT_MODEL": "claude-sonnet-4-5",
+    "DEFAULT_MAX_TOKENS": 4096,
+    "DEFAULT_MAX_TURNS": 20,
+    "DEFAULT_MAX_TOOL_CALLS_PER_TURN": 16,
+    "REPEAT_THRESHOLD": 3,
+    "REPEAT_WINDOW": 10,
+    # Prompt caching of the stable prefix (tools and system).
+    "PROMPT_CACHING": True,
+    # Per-model prices (USD per million tokens), merged over DEFAULT_PRICES.
+    "PRICES": {},
+    # Celery queue for the app's tasks (None: the default queue).
+    "QUEUE": None,
+    # Max age (seconds) of an approval token; None: no expiry beyond the call's state.
+    "APPROVAL_TOKEN_MAX_AGE": None,
+}
+
+
+class AgentRunSettings:
+    """Attribute access to AGENTRUN_* settings, with defaults, read on every access."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in DEFAULTS:
+            raise AttributeError(f"Unknown django-agentrun setting: AGENTRUN_{name}")
+        return getattr(django_settings, f"AGENTRUN_{name}", DEFAULTS[name])
+
+    def prices(self) -> dict[str, dict[str, float]]:
+        return {**DEFAULT_PRICES, **self.PRICES}
+
+    def price_for(self, model: str) -> dict[str, float] | None:
+        """Price of `model`, matching dated ids (claude-sonnet-4-5-20250929) to their alias."""
+        prices = self.prices()
+        if model in prices:
+            return prices[model]
+        for name in sorted(prices, key=len, reverse=True):
+            if model.startswith(name):
+                return prices[name]
+        return None
+
+
+agentrun_settings = AgentRunSettings()

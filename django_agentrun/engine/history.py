@@ -1,0 +1,54 @@
+"""The conversation sent to the model, built from recorded turns (rows or events).
+
+Both the engine (from rows) and the projection (from events) call `build_messages`,
+so "the history the model sees" has one definition.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class TurnRecord:
+    """What one turn contributes: the assistant content and its tool results in order."""
+
+    index: int
+    content: list[dict[str, Any]] | None
+    results: list[dict[str, Any]] = field(default_factory=list)
+
+
+def user_message(input: Any) -> dict[str, Any]:
+    return {"role": "user", "content": input}
+
+
+def build_messages(input: Any, turns: Iterable[TurnRecord]) -> list[dict[str, Any]]:
+    """user input, then per recorded turn: the assistant message and, if it asked for
+    tools, one user message whose content starts with every tool_result in order."""
+    messages = [user_message(input)]
+    for turn in sorted(turns, key=lambda t: t.index):
+        if not turn.content:
+            continue  # no response recorded (cancelled or failed before it)
+        messages.append({"role": "assistant", "content": turn.content})
+        if turn.results:
+            messages.append({"role": "user", "content": list(turn.results)})
+    return messages
+
+
+def sanitize_content(content: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Content as it can be sent back: no empty text blocks, tool_use input always an object."""
+    clean: list[dict[str, Any]] = []
+    for block in content:
+        kind = block.get("type")
+        if kind == "text" and not block.get("text"):
+            continue
+        if kind == "tool_use" and not isinstance(block.get("input"), dict):
+            block = {**block, "input": {}}
+        clean.append(block)
+    return clean
+
+
+def text_of(content: Sequence[dict[str, Any]] | None) -> str:
+    return "".join(block.get("text", "") for block in content or () if block.get("type") == "text")

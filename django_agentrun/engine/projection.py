@@ -1,0 +1,85 @@
+"""Rebuild a run from its events alone (a pure function: no database).
+
+Tests compare the projection with the rows of every run they create, which
+proves the event log is complete (invariant 7).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..clients.base import USAGE_KEYS
+from .history import TurnRecord, build_messages
+
+
+@dataclass
+class Projection:
+    run_state: str | None = None
+    turn_states: dict[int, str] = field(default_factory=dict)
+    tool_call_states: dict[tuple[int, str], str] = field(default_factory=dict)
+    usage: dict[str, int] = field(default_factory=lambda: dict.fromkeys(USAGE_KEYS, 0))
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    stop_reason: str = ""
+    error_code: str = ""
+    last_seq: int = 0
+
+
+def project(events: Iterable[Any]) -> Projection:
+    """Fold events (objects with .seq/.type/.payload, or (seq, type, payload) tuples) in seq order."""
+    out = Projection()
+    run_input: Any = None
+    contents: dict[int, list[dict[str, Any]]] = {}
+    positions: dict[tuple[int, str], int] = {}
+    results: dict[tuple[int, str], dict[str, Any]] = {}
+    for seq, kind, payload in sorted(_triples(events), key=lambda e: e[0]):
+        if seq != out.last_seq + 1:
+            raise ValueError(f"Event seq gap: expected {out.last_seq + 1}, got {seq}")
+        out.last_seq = seq
+        if "run_state" in payload:
+            out.run_state = payload["run_state"]
+        if "turn_state" in payload:
+            out.turn_states[payload["turn_index"]] = payload["turn_state"]
+        key = (payload.get("turn_index"), payload.get("tool_call_id"))
+        if "tool_call_state" in payload:
+            out.tool_call_states[key] = payload["tool_call_state"]
+        if kind == "run_created":
+            run_input = payload["input"]
+        elif kind == "model_response":
+            contents[payload["turn_index"]] = payload["content"]
+            for name in USAGE_KEYS:
+                out.usage[name] += int(payload["usage"].get(name, 0))
+        elif kind == "tool_call_requested":
+            positions[key] = payload["position"]
+        if "result" in payload and "tool_call_state" in payload:
+            block: dict[str, Any] = {
+                "type": "tool_result",
+                "tool_use_id": payload["tool_call_id"],
+                "content": payload["result"] if payload["result"] is not None else "",
+            }
+            if payload.get("is_error"):
+                block["is_error"] = True
+            results[key] = block
+        if kind == "run_completed":
+            out.stop_reason = payload["stop_reason"]
+        elif kind in ("run_cancelled", "run_timed_out"):
+            out.stop_reason = kind.removeprefix("run_")
+        elif kind == "run_failed":
+            out.error_code = payload["error_code"]
+        elif kind == "run_resumed":
+            out.stop_reason, out.error_code = "", ""
+    records = []
+    for index, content in contents.items():
+        keys = sorted((k for k in positions if k[0] == index), key=positions.get)
+        records.append(TurnRecord(index, content, [results[k] for k in keys if k in results]))
+    out.messages = build_messages(run_input, records)
+    return out
+
+
+def _triples(events: Iterable[Any]) -> Iterable[tuple[int, str, dict[str, Any]]]:
+    for event in events:
+        if isinstance(event, tuple):
+            yield event
+        else:
+            yield event.seq, event.type, event.payload

@@ -1,0 +1,90 @@
+"""One root exception; every error the app raises on purpose derives from it."""
+
+from __future__ import annotations
+
+
+class AgentRunError(Exception):
+    """django-agentrun error."""
+
+    code = "agentrun_error"
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message or self.__doc__ or self.code)
+
+
+class InvalidTransition(AgentRunError):
+    """This state change is not allowed from the current state."""
+
+    code = "invalid_transition"
+
+
+class ConcurrentUpdate(AgentRunError):
+    """Someone else changed this object first; reload and decide again."""
+
+    code = "concurrent_update"
+
+
+class LeaseLost(AgentRunError):
+    """This worker no longer holds the run's lease; its writes are refused."""
+
+    code = "lease_lost"
+
+
+class AppendOnlyError(AgentRunError):
+    """Run events are append-only: they cannot be updated or deleted."""
+
+    code = "append_only"
+
+
+class UnknownAgent(AgentRunError):
+    """No agent is registered under this name."""
+
+    code = "unknown_agent"
+
+
+class ApprovalError(AgentRunError):
+    """This approval decision cannot be applied."""
+
+    code = "approval_error"
+
+
+class InvalidToken(ApprovalError):
+    """The approval token is invalid, stale or forged."""
+
+    code = "invalid_token"
+
+
+class ToolError(AgentRunError):
+    """Raise from a tool handler to return an is_error result with this message to the model."""
+
+    code = "tool_error"
+
+
+class ToolCancelled(AgentRunError):
+    """The tool was cancelled (the run was cancelled or timed out)."""
+
+    code = "tool_cancelled"
+
+
+class ConfigurationError(AgentRunError):
+    """django-agentrun is misconfigured."""
+
+    code = "configuration_error"
+
+
+class InvalidInput(AgentRunError, ValueError):
+    """The input is not valid for this operation."""
+
+    code = "invalid_input"
+
+
+class IdempotencyConflict(AgentRunError):
+    """A run with this idempotency key exists with a different agent or input."""
+
+    code = "idempotency_conflict"
+
+
+class RunNotActive(InvalidTransition):
+    """The run is not active."""
+
+    code = "run_not_active"

@@ -1,0 +1,68 @@
+"""Named fault points in the engine, for crash testing with real processes.
+
+Set AGENTRUN_FAILPOINTS="model.after_commit=crash,tool.before_handler=sleep:2" in a
+worker's environment. Actions: `crash` ends the process at once (os._exit, as a
+power cut would: no cleanup, no ack), `raise` raises FailpointError, `sleep:N`
+sleeps N seconds. Unset, a failpoint costs one environment lookup.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from .exceptions import AgentRunError
+
+ENV = "AGENTRUN_FAILPOINTS"
+
+POINTS: dict[str, str] = {
+    "claim.after_commit": "the lease is claimed (and the turn started), nothing else done",
+    "model.before_commit": "the model response arrived, not yet committed",
+    "model.after_commit": "the assistant message and its tool calls are committed",
+    "tool.before_handler": "the call is committed in_flight, the handler has not started",
+    "tool.after_handler": "the handler returned, its result is not committed",
+    "tool.after_commit": "the tool result is committed",
+    "turn.before_enqueue": "the turn is closed and committed, the next turn not yet enqueued",
+}
+
+_parsed: tuple[str, dict[str, str]] = ("", {})
+
+
+class FailpointError(AgentRunError):
+    """A failpoint set to `raise` fired."""
+
+    code = "failpoint"
+
+
+def _actions() -> dict[str, str]:
+    global _parsed
+    raw = os.environ.get(ENV, "")
+    if raw != _parsed[0]:
+        actions: dict[str, str] = {}
+        for item in filter(None, (part.strip() for part in raw.split(","))):
+            name, _, action = item.partition("=")
+            if name not in POINTS:
+                raise ValueError(f"{ENV}: unknown failpoint {name!r}; known: {', '.join(POINTS)}")
+            actions[name] = action or "crash"
+        _parsed = (raw, actions)
+    return _parsed[1]
+
+
+def failpoint(name: str) -> None:
+    """Fire the failpoint `name` if the environment arms it."""
+    if not os.environ.get(ENV):
+        return
+    action = _actions().get(name)
+    if action is None:
+        return
+    if action == "crash":
+        sys.stderr.write(f"agentrun failpoint {name}: crash\n")
+        sys.stderr.flush()
+        os._exit(137)
+    if action == "raise":
+        raise FailpointError(f"failpoint {name} fired")
+    if action.startswith("sleep:"):
+        time.sleep(float(action.split(":", 1)[1]))
+        return
+    raise ValueError(f"{ENV}: unknown action {action!r} for {name}")

@@ -1,0 +1,514 @@
+"""Runs, turns, tool calls and the append-only event log.
+
+State fields are django-fsm-2 `FSMField(protected=True)`: transitions change
+state in memory (one method per target state, generated from `states.py`), and
+`services.py` persists them with a compare-and-set UPDATE in the same
+transaction as the events that record them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from typing import Any
+
+from django.conf import settings
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+from django_fsm import FSMField, FSMModelMixin, transition
+
+from .exceptions import AppendOnlyError
+from .states import (
+    RUN_ACTIVE,
+    RUN_TRANSITIONS,
+    TOOL_CALL_CLOSED,
+    TOOL_CALL_TRANSITIONS,
+    TURN_TRANSITIONS,
+    ResultSource,
+    RunState,
+    SideEffect,
+    ToolCallState,
+    TurnState,
+    sources_of,
+)
+
+
+def _width(choices: type[models.TextChoices]) -> int:
+    return max(len(value) for value in choices.values)
+
+
+def idempotency_key_for(run_id: uuid.UUID | str, tool_call_id: str) -> str:
+    """sha256(run_id + tool_call_id), hex: the key a tool passes to the outside world."""
+    return hashlib.sha256(f"{run_id}{tool_call_id}".encode()).hexdigest()
+
+
+class RunQuerySet(models.QuerySet["Run"]):
+    def active(self) -> RunQuerySet:
+        return self.filter(state__in=RUN_ACTIVE)
+
+    def leased(self) -> RunQuerySet:
+        return self.filter(state__in=[RunState.RUNNING, RunState.AWAITING_TOOL])
+
+    def lease_expired(self, now=None) -> RunQuerySet:
+        """Runs a worker was advancing whose lease ran out (the worker died or hung)."""
+        now = now or timezone.now()
+        return self.leased().filter(lease_expires_at__lt=now)
+
+    def queued_stale(self, before) -> RunQuerySet:
+        """Queued runs nobody claimed since `before` (their message was lost)."""
+        return self.filter(state=RunState.QUEUED, queued_at__lt=before)
+
+    def past_deadline(self, now=None) -> RunQuerySet:
+        now = now or timezone.now()
+        return self.active().filter(deadline__lt=now)
+
+    def awaiting_approval(self) -> RunQuerySet:
+        return self.filter(state=RunState.AWAITING_APPROVAL)
+
+    def visible_to(self, user) -> RunQuerySet:
+        """Runs `user` may see: their own, or all of them with the view permission."""
+        if user.is_superuser or user.has_perm("agentrun.view_all_runs"):
+            return self
+        return self.filter(owner=user)
+
+
+class Run(FSMModelMixin, models.Model):
+    """One durable agent run."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    agent = models.CharField(max_length=200, db_index=True)
+    state = FSMField(
+        default=RunState.QUEUED,
+        choices=RunState.choices,
+        max_length=_width(RunState),
+        protected=True,
+    )
+    input = models.JSONField(help_text="The initial user input: a string or content blocks.")
+    config = models.JSONField(
+        default=dict, help_text="Snapshot of the agent's configuration when the run was created."
+    )
+    correlation_id = models.CharField(max_length=200, blank=True, db_index=True)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="agent_runs",
+    )
+    metadata = models.JSONField(default=dict, blank=True)
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)
+
+    # Usage totals, named like the API's usage keys; counted once per recorded response.
+    input_tokens = models.BigIntegerField(default=0)
+    output_tokens = models.BigIntegerField(default=0)
+    cache_creation_input_tokens = models.BigIntegerField(default=0)
+    cache_read_input_tokens = models.BigIntegerField(default=0)
+    cost_usd = models.DecimalField(max_digits=14, decimal_places=6, default=0)
+    turn_count = models.PositiveIntegerField(default=0)
+
+    output = models.JSONField(null=True, blank=True)
+    stop_reason = models.CharField(max_length=64, blank=True)
+    error_code = models.CharField(max_length=64, blank=True)
+    error_message = models.TextField(blank=True)
+    failure_phase = models.CharField(max_length=32, blank=True)
+    last_checkpoint = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Event seq of the last checkpoint before the failure."
+    )
+
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    cancel_reason = models.TextField(blank=True)
+    cancel_requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    deadline = models.DateTimeField(null=True, blank=True)
+
+    lease_owner = models.CharField(max_length=200, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    lease_epoch = models.BigIntegerField(default=0)
+    recovery_attempts = models.PositiveIntegerField(default=0)
+    last_seq = models.PositiveIntegerField(default=0, help_text="Seq of the newest event.")
+
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    updated_at = models.DateTimeField(default=timezone.now)
+    queued_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = RunQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+        permissions = [
+            ("cancel_run", "Can cancel and resume agent runs"),
+            ("view_all_runs", "Can view every agent run, not only their own"),
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["owner", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False, owner__isnull=False),
+                name="agentrun_run_owner_idem_key",
+            ),
+            models.UniqueConstraint(
+                fields=["idempotency_key"],
+                condition=Q(idempotency_key__isnull=False, owner__isnull=True),
+                name="agentrun_run_anon_idem_key",
+            ),
+        ]
+        indexes = [
+            # The reaper's hot queries, each with its own partial index.
+            models.Index(
+                fields=["lease_expires_at"],
+                condition=Q(state__in=[RunState.RUNNING, RunState.AWAITING_TOOL]),
+                name="agentrun_run_leased_idx",
+            ),
+            models.Index(
+                fields=["queued_at"],
+                condition=Q(state=RunState.QUEUED),
+                name="agentrun_run_queued_idx",
+            ),
+            models.Index(
+                fields=["deadline"],
+                condition=Q(state__in=sorted(RUN_ACTIVE), deadline__isnull=False),
+                name="agentrun_run_deadline_idx",
+            ),
+            models.Index(fields=["owner", "-created_at"], name="agentrun_run_owner_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.agent} run {self.id} ({self.state})"
+
+    # Transitions: one per target state, sources from RUN_TRANSITIONS.
+    @transition(field=state, source=sources_of(RUN_TRANSITIONS, RunState.QUEUED), target=RunState.QUEUED)
+    def to_queued(self) -> None:
+        pass
+
+    @transition(field=state, source=sources_of(RUN_TRANSITIONS, RunState.RUNNING), target=RunState.RUNNING)
+    def to_running(self) -> None:
+        pass
+
+    @transition(
+        field=state,
+        source=sources_of(RUN_TRANSITIONS, RunState.AWAITING_TOOL),
+        target=RunState.AWAITING_TOOL,
+    )
+    def to_awaiting_tool(self) -> None:
+        pass
+
+    @transition(
+        field=state,
+        source=sources_of(RUN_TRANSITIONS, RunState.AWAITING_APPROVAL),
+        target=RunState.AWAITING_APPROVAL,
+    )
+    def to_awaiting_approval(self) -> None:
+        pass
+
+    @transition(field=state, source=sources_of(RUN_TRANSITIONS, RunState.COMPLETED), target=RunState.COMPLETED)
+    def to_completed(self) -> None:
+        pass
+
+    @transition(field=state, source=sources_of(RUN_TRANSITIONS, RunState.FAILED), target=RunState.FAILED)
+    def to_failed(self) -> None:
+        pass
+
+    @transition(field=state, source=sources_of(RUN_TRANSITIONS, RunState.CANCELLED), target=RunState.CANCELLED)
+    def to_cancelled(self) -> None:
+        pass
+
+    @transition(field=state, source=sources_of(RUN_TRANSITIONS, RunState.TIMED_OUT), target=RunState.TIMED_OUT)
+    def to_timed_out(self) -> None:
+        pass
+
+    @property
+    def is_active(self) -> bool:
+        return self.state in RUN_ACTIVE
+
+    def usage(self) -> dict[str, int]:
+        return {
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "cache_creation_input_tokens": self.cache_creation_input_tokens,
+            "cache_read_input_tokens": self.cache_read_input_tokens,
+        }
+
+
+class Turn(FSMModelMixin, models.Model):
+    """One model request/response and the tool calls it asked for."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="turns")
+    index = models.PositiveIntegerField()
+    state = FSMField(
+        default=TurnState.RUNNING,
+        choices=TurnState.choices,
+        max_length=_width(TurnState),
+        protected=True,
+    )
+    is_final = models.BooleanField(
+        default=False, help_text="The last allowed turn: final notice sent, no tools offered."
+    )
+    content = models.JSONField(
+        null=True, blank=True, help_text="The assistant content blocks, as the API returned them."
+    )
+    message_id = models.CharField(max_length=200, blank=True)
+    request_id = models.CharField(max_length=200, blank=True)
+    model = models.CharField(max_length=200, blank=True)
+    stop_reason = models.CharField(max_length=64, blank=True)
+    input_tokens = models.BigIntegerField(default=0)
+    output_tokens = models.BigIntegerField(default=0)
+    cache_creation_input_tokens = models.BigIntegerField(default=0)
+    cache_read_input_tokens = models.BigIntegerField(default=0)
+    model_attempts = models.PositiveIntegerField(default=0)
+    started_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["run", "index"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "index"], name="agentrun_turn_run_index"),
+        ]
+
+    def __str__(self) -> str:
+        return f"turn {self.index} of {self.run_id} ({self.state})"
+
+    @transition(
+        field=state,
+        source=sources_of(TURN_TRANSITIONS, TurnState.AWAITING_TOOL),
+        target=TurnState.AWAITING_TOOL,
+    )
+    def to_awaiting_tool(self) -> None:
+        pass
+
+    @transition(field=state, source=sources_of(TURN_TRANSITIONS, TurnState.COMPLETED), target=TurnState.COMPLETED)
+    def to_completed(self) -> None:
+        pass
+
+    @transition(field=state, source=sources_of(TURN_TRANSITIONS, TurnState.CANCELLED), target=TurnState.CANCELLED)
+    def to_cancelled(self) -> None:
+        pass
+
+    @transition(field=state, source=sources_of(TURN_TRANSITIONS, TurnState.FAILED), target=TurnState.FAILED)
+    def to_failed(self) -> None:
+        pass
+
+    def usage(self) -> dict[str, int]:
+        return {
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "cache_creation_input_tokens": self.cache_creation_input_tokens,
+            "cache_read_input_tokens": self.cache_read_input_tokens,
+        }
+
+
+class ToolCallQuerySet(models.QuerySet["ToolCall"]):
+    def open(self) -> ToolCallQuerySet:
+        return self.exclude(state__in=TOOL_CALL_CLOSED)
+
+    def pending_decision(self) -> ToolCallQuerySet:
+        """Calls waiting for a person: approvals and unknown outcomes."""
+        return self.filter(state__in=[ToolCallState.AWAITING_APPROVAL, ToolCallState.UNKNOWN])
+
+    def approval_expired(self, now=None) -> ToolCallQuerySet:
+        now = now or timezone.now()
+        return self.filter(state=ToolCallState.AWAITING_APPROVAL, approval_deadline__lt=now)
+
+
+class ToolCall(FSMModelMixin, models.Model):
+    """One tool_use block of a turn, its execution and its tool_result."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="tool_calls")
+    turn = models.ForeignKey(Turn, on_delete=models.CASCADE, related_name="tool_calls")
+    turn_index = models.PositiveIntegerField()
+    tool_call_id = models.CharField(max_length=200, help_text="The model's tool_use id (toolu_...).")
+    position = models.PositiveIntegerField()
+    name = models.CharField(max_length=200)
+    arguments = models.JSONField(default=dict, help_text="Canonical arguments (as validated).")
+    arguments_hash = models.CharField(max_length=64)
+    side_effect = models.CharField(
+        max_length=_width(SideEffect), choices=SideEffect.choices, default=SideEffect.READ_ONLY
+    )
+    idempotency_key = models.CharField(max_length=64)
+    state = FSMField(
+        default=ToolCallState.REQUESTED,
+        choices=ToolCallState.choices,
+        max_length=_width(ToolCallState),
+        protected=True,
+    )
+    attempt = models.PositiveIntegerField(default=0)
+    started_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    result = models.JSONField(null=True, blank=True, help_text="The tool_result content.")
+    is_error = models.BooleanField(default=False)
+    result_source = models.CharField(
+        max_length=_width(ResultSource), choices=ResultSource.choices, blank=True
+    )
+    unknown_reason = models.TextField(blank=True)
+
+    # Approval.
+    approved = models.BooleanField(default=False)
+    approval_payload = models.JSONField(null=True, blank=True)
+    approval_deadline = models.DateTimeField(null=True, blank=True)
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    decided_at = models.DateTimeField(null=True, blank=True)
+    decision_note = models.TextField(blank=True)
+    original_arguments = models.JSONField(
+        null=True, blank=True, help_text="The model's arguments, when a person edited them."
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+
+    objects = ToolCallQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["run", "turn_index", "position"]
+        permissions = [("approve_toolcall", "Can approve, reject and resolve tool calls")]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["run", "turn_index", "tool_call_id"], name="agentrun_toolcall_key"
+            ),
+        ]
+        indexes = [
+            models.Index(
+                fields=["created_at"],
+                condition=Q(state__in=[ToolCallState.AWAITING_APPROVAL, ToolCallState.UNKNOWN]),
+                name="agentrun_toolcall_pending_idx",
+            ),
+            models.Index(
+                fields=["approval_deadline"],
+                condition=Q(state=ToolCallState.AWAITING_APPROVAL, approval_deadline__isnull=False),
+                name="agentrun_toolcall_appr_dl_idx",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.tool_call_id}, {self.state})"
+
+    @transition(
+        field=state,
+        source=sources_of(TOOL_CALL_TRANSITIONS, ToolCallState.REQUESTED),
+        target=ToolCallState.REQUESTED,
+    )
+    def to_requested(self) -> None:
+        pass
+
+    @transition(
+        field=state,
+        source=sources_of(TOOL_CALL_TRANSITIONS, ToolCallState.AWAITING_APPROVAL),
+        target=ToolCallState.AWAITING_APPROVAL,
+    )
+    def to_awaiting_approval(self) -> None:
+        pass
+
+    @transition(
+        field=state,
+        source=sources_of(TOOL_CALL_TRANSITIONS, ToolCallState.IN_FLIGHT),
+        target=ToolCallState.IN_FLIGHT,
+    )
+    def to_in_flight(self) -> None:
+        pass
+
+    @transition(
+        field=state,
+        source=sources_of(TOOL_CALL_TRANSITIONS, ToolCallState.UNKNOWN),
+        target=ToolCallState.UNKNOWN,
+    )
+    def to_unknown(self) -> None:
+        pass
+
+    @transition(
+        field=state,
+        source=sources_of(TOOL_CALL_TRANSITIONS, ToolCallState.SUCCEEDED),
+        target=ToolCallState.SUCCEEDED,
+    )
+    def to_succeeded(self) -> None:
+        pass
+
+    @transition(
+        field=state,
+        source=sources_of(TOOL_CALL_TRANSITIONS, ToolCallState.ERRORED),
+        target=ToolCallState.ERRORED,
+    )
+    def to_errored(self) -> None:
+        pass
+
+    @transition(
+        field=state,
+        source=sources_of(TOOL_CALL_TRANSITIONS, ToolCallState.REJECTED),
+        target=ToolCallState.REJECTED,
+    )
+    def to_rejected(self) -> None:
+        pass
+
+    @transition(
+        field=state,
+        source=sources_of(TOOL_CALL_TRANSITIONS, ToolCallState.SKIPPED),
+        target=ToolCallState.SKIPPED,
+    )
+    def to_skipped(self) -> None:
+        pass
+
+    @transition(
+        field=state,
+        source=sources_of(TOOL_CALL_TRANSITIONS, ToolCallState.CANCELLED),
+        target=ToolCallState.CANCELLED,
+    )
+    def to_cancelled(self) -> None:
+        pass
+
+    @property
+    def is_closed(self) -> bool:
+        return self.state in TOOL_CALL_CLOSED
+
+    def tool_result_block(self) -> dict[str, Any]:
+        """The tool_result block this call contributes to the next user message."""
+        block: dict[str, Any] = {
+            "type": "tool_result",
+            "tool_use_id": self.tool_call_id,
+            "content": self.result if self.result is not None else "",
+        }
+        if self.is_error:
+            block["is_error"] = True
+        return block
+
+
+class RunEventQuerySet(models.QuerySet["RunEvent"]):
+    def update(self, **kwargs: Any) -> int:
+        raise AppendOnlyError("Run events are append-only: QuerySet.update() is refused.")
+
+    def delete(self) -> tuple[int, dict[str, int]]:
+        raise AppendOnlyError("Run events are append-only: QuerySet.delete() is refused.")
+
+
+class RunEvent(models.Model):
+    """One entry of a run's append-only history; `seq` is gap-free per run."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
+    seq = models.PositiveIntegerField()
+    type = models.CharField(max_length=64)
+    payload = models.JSONField(default=dict, encoder=DjangoJSONEncoder)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    objects = RunEventQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["run", "seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "seq"], name="agentrun_runevent_seq"),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.seq} {self.type}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if not self._state.adding:
+            raise AppendOnlyError(f"Run event #{self.seq} cannot be changed: events are append-only.")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args: Any, **kwargs: Any):
+        raise AppendOnlyError(f"Run event #{self.seq} cannot be deleted: events are append-only.")

@@ -1,0 +1,817 @@
+"""The only writer: every state change of a run, turn or tool call happens here.
+
+Each function commits the row changes and their RunEvents in one transaction.
+A run row is written with one compare-and-set `UPDATE ... RETURNING` that also
+allocates the event seqs (gap-free per run) and, for the engine, checks the
+lease epoch: a worker that lost its lease writes nothing (LeaseLost).
+Side effects (enqueueing, signals) happen on commit, never inside a transition.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.core import signing
+from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
+from django_fsm import TransitionNotAllowed
+
+from . import signals
+from .agents import Agent, get_agent
+from .conf import agentrun_settings
+from .exceptions import (
+    ApprovalError,
+    ConcurrentUpdate,
+    IdempotencyConflict,
+    InvalidInput,
+    InvalidToken,
+    InvalidTransition,
+    LeaseLost,
+    RunNotActive,
+)
+from .models import Run, RunEvent, ToolCall, Turn, idempotency_key_for
+from .states import (
+    RUN_ACTIVE,
+    ResultSource,
+    RunState,
+    ToolCallState,
+    TurnState,
+)
+from .tools import ToolArgumentsError, arguments_hash
+
+logger = logging.getLogger(__name__)
+
+Event = tuple[str, dict[str, Any]]
+TOKEN_SALT = "django_agentrun.approval"
+
+
+# --------------------------------------------------------------------------- primitives
+
+
+@dataclass(frozen=True)
+class Lease:
+    """Proof that this worker may advance the run: its owner string and the epoch it claimed."""
+
+    run_id: uuid.UUID
+    owner: str
+    epoch: int
+
+
+def worker_identity() -> str:
+    """host:pid:random — the pid lets a worker on the same host see that a holder died."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def _transition(obj: Any, target: str) -> str:
+    """Apply the django-fsm transition to `target` in memory; return the previous state."""
+    old = obj.state
+    try:
+        getattr(obj, f"to_{target}")()
+    except TransitionNotAllowed as exc:
+        raise InvalidTransition(
+            f"{type(obj).__name__} {obj.pk}: cannot go from {old!r} to {target!r}"
+        ) from exc
+    return old
+
+
+def _db(model: type, name: str, value: Any) -> Any:
+    return model._meta.get_field(name).get_db_prep_save(value, connection)
+
+
+def _write_run(
+    run: Run,
+    events: list[Event],
+    *,
+    lease: Lease | None = None,
+    old_state: str | None = None,
+    fields: dict[str, Any] | None = None,
+    incr: dict[str, Any] | None = None,
+) -> bool:
+    """One fenced compare-and-set UPDATE of the run row, then its events in one INSERT.
+
+    Returns whether a cancel is requested. Must run inside transaction.atomic().
+    """
+    now = timezone.now()
+    fields = {**(fields or {}), "updated_at": now}
+    if old_state is not None:
+        fields["state"] = run.state
+    qn = connection.ops.quote_name
+    sets, params = [], []
+    for name, value in fields.items():
+        sets.append(f"{qn(Run._meta.get_field(name).column)} = %s")
+        params.append(_db(Run, name, value))
+    for name, delta in (incr or {}).items():
+        column = qn(Run._meta.get_field(name).column)
+        sets.append(f"{column} = {column} + %s")
+        params.append(_db(Run, name, delta))
+    sets.append(f"{qn('last_seq')} = {qn('last_seq')} + %s")
+    params.append(len(events))
+    where = [f"{qn('id')} = %s"]
+    params.append(_db(Run, "id", run.pk))
+    if old_state is not None:
+        where.append(f"{qn('state')} = %s")
+        params.append(old_state)
+    if lease is not None:
+        where.append(f"{qn('lease_epoch')} = %s AND {qn('lease_owner')} = %s")
+        params += [lease.epoch, lease.owner]
+    sql = (
+        f"UPDATE {qn(Run._meta.db_table)} SET {', '.join(sets)} WHERE {' AND '.join(where)} "
+        f"RETURNING {qn('last_seq')}, {qn('cancel_requested_at')} IS NOT NULL"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    if row is None:
+        _refused(run, lease, old_state)
+    last_seq, cancel_requested = int(row[0]), bool(row[1])
+    first = last_seq - len(events) + 1
+    if events:
+        RunEvent.objects.bulk_create(
+            [
+                RunEvent(run_id=run.pk, seq=first + i, type=kind, payload=payload, created_at=now)
+                for i, (kind, payload) in enumerate(events)
+            ]
+        )
+    run.last_seq = last_seq
+    for name, value in fields.items():
+        if name != "state":
+            setattr(run, name, value)
+    for name, delta in (incr or {}).items():
+        setattr(run, name, getattr(run, name) + delta)
+    return cancel_requested
+
+
+def _refused(run: Run, lease: Lease | None, old_state: str | None) -> None:
+    current = Run.objects.filter(pk=run.pk).values("state", "lease_epoch", "lease_owner").first()
+    if current is None:
+        raise ConcurrentUpdate(f"Run {run.pk} no longer exists")
+    if lease is not None and (
+        current["lease_epoch"] != lease.epoch or current["lease_owner"] != lease.owner
+    ):
+        raise LeaseLost(f"Run {run.pk}: lease epoch {lease.epoch} was superseded")
+    raise ConcurrentUpdate(
+        f"Run {run.pk} changed concurrently: expected state {old_state!r}, found {current['state']!r}"
+    )
+
+
+def _save(obj: Turn | ToolCall, old_state: str | None, **fields: Any) -> None:
+    """Compare-and-set UPDATE of a turn or tool call (state from memory, other fields given)."""
+    if old_state is not None:
+        fields["state"] = obj.state
+    qs = type(obj).objects.filter(pk=obj.pk)
+    if old_state is not None:
+        qs = qs.filter(state=old_state)
+    if qs.update(**fields) != 1:
+        raise ConcurrentUpdate(f"{type(obj).__name__} {obj.pk} changed concurrently")
+    for name, value in fields.items():
+        if name != "state":
+            setattr(obj, name, value)
+
+
+def _set_state(obj: Any, target: str) -> str:
+    """Transition in memory (validated) and return the previous state for the CAS write."""
+    return _transition(obj, target)
+
+
+def _enqueue(run_id: Any, countdown: float | None = None) -> None:
+    """Wake a worker for this run once the transaction commits."""
+
+    def send() -> None:
+        from .failpoints import failpoint
+        from .tasks import advance_run
+
+        failpoint("turn.before_enqueue")
+        options: dict[str, Any] = {}
+        if agentrun_settings.QUEUE:
+            options["queue"] = agentrun_settings.QUEUE
+        if countdown:
+            options["countdown"] = countdown
+        try:
+            advance_run.apply_async(args=[str(run_id)], **options)
+        except Exception:  # broker down: the reaper re-enqueues runs nobody advances
+            logger.exception("Could not enqueue advance_run run_id=%s", run_id)
+
+    transaction.on_commit(send)
+
+
+def _on_commit_signal(signal: Any, **kwargs: Any) -> None:
+    transaction.on_commit(lambda: signal.send(sender=Run, **kwargs))
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value else None
+
+
+def _user_id(user: Any) -> Any:
+    return getattr(user, "pk", None)
+
+
+def _release_fields() -> dict[str, Any]:
+    # Released leases keep a time: the reaper re-wakes a run nobody picked up since then.
+    return {"lease_owner": "", "lease_expires_at": timezone.now()}
+
+
+# --------------------------------------------------------------------------- runs
+
+
+def _validate_input(value: Any) -> Any:
+    if isinstance(value, str):
+        if not value.strip():
+            raise InvalidInput("The input must not be empty.")
+        return value
+    if isinstance(value, list) and value:
+        for i, block in enumerate(value):
+            if not isinstance(block, dict) or not isinstance(block.get("type"), str):
+                raise InvalidInput(f"input[{i}] must be a content block with a 'type'.")
+        return value
+    raise InvalidInput("The input must be a non-empty string or a non-empty list of content blocks.")
+
+
+def start_run(
+    agent: str | Agent,
+    input: Any,
+    *,
+    owner: Any = None,
+    idempotency_key: str | None = None,
+    metadata: dict[str, Any] | None = None,
+    correlation_id: str | None = None,
+    deadline: datetime | timedelta | None = None,
+) -> Run:
+    """Create a queued run of `agent` and enqueue it on commit.
+
+    With an idempotency key, a second call with the same key (per owner) returns
+    the first run instead of creating another.
+    """
+    agent_obj = get_agent(agent) if isinstance(agent, str) else agent
+    input = _validate_input(input)
+    if metadata is not None and not isinstance(metadata, dict):
+        raise InvalidInput("metadata must be a JSON object.")
+    if idempotency_key is not None:
+        existing = _existing_run(owner, idempotency_key, agent_obj.name, input)
+        if existing is not None:
+            return existing
+    if isinstance(deadline, timedelta):
+        deadline = timezone.now() + deadline
+    elif deadline is None and agent_obj.deadline is not None:
+        deadline = timezone.now() + agent_obj.deadline
+    config = agent_obj.snapshot()
+    correlation_id = correlation_id or uuid.uuid4().hex
+    try:
+        with transaction.atomic():
+            run = Run.objects.create(
+                agent=agent_obj.name,
+                input=input,
+                config=config,
+                owner=owner,
+                idempotency_key=idempotency_key,
+                metadata=metadata or {},
+                correlation_id=correlation_id,
+                deadline=deadline,
+                last_seq=1,
+            )
+            RunEvent.objects.create(
+                run=run,
+                seq=1,
+                type="run_created",
+                payload={
+                    "run_state": RunState.QUEUED,
+                    "agent": run.agent,
+                    "input": input,
+                    "config": config,
+                    "correlation_id": correlation_id,
+                    "metadata": run.metadata,
+                    "owner": _user_id(owner),
+                    "deadline": _iso(deadline),
+                },
+                created_at=run.created_at,
+            )
+            _enqueue(run.pk)
+    except IntegrityError:
+        if idempotency_key is None:
+            raise
+        existing = _existing_run(owner, idempotency_key, agent_obj.name, input)
+        if existing is None:
+            raise
+        return existing
+    logger.info("Run started run_id=%s agent=%s", run.pk, run.agent)
+    return run
+
+
+def _existing_run(owner: Any, key: str, agent: str, input: Any) -> Run | None:
+    run = Run.objects.filter(owner=owner, idempotency_key=key).first()
+    if run is not None and (run.agent != agent or run.input != input):
+        raise IdempotencyConflict(
+            f"Idempotency key {key!r} was used for another run ({run.pk}) with a different "
+            "agent or input."
+        )
+    return run
+
+
+def _lease_live(run: Run, now: datetime) -> bool:
+    return bool(run.lease_owner) and run.lease_expires_at is not None and run.lease_expires_at > now
+
+
+def cancel_run(run: Run | Any, *, by: Any = None, reason: str = "") -> Run:
+    """Ask a run to stop. Applied at once when no worker holds it; otherwise the holder
+    sees the request within about a second and closes the turn cleanly."""
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(pk=getattr(run, "pk", run))
+        if run.state == RunState.CANCELLED:
+            return run
+        if not run.is_active:
+            raise RunNotActive(f"Run {run.pk} is {run.state}: there is nothing to cancel.")
+        now = timezone.now()
+        events: list[Event] = []
+        fields: dict[str, Any] = {}
+        if run.cancel_requested_at is None:
+            fields = {
+                "cancel_requested_at": now,
+                "cancel_reason": reason,
+                "cancel_requested_by": by if getattr(by, "pk", None) else None,
+            }
+            events.append(("cancel_requested", {"by": _user_id(by), "reason": reason}))
+        if run.state in (RunState.QUEUED, RunState.AWAITING_APPROVAL) or not _lease_live(run, now):
+            _close_run(run, RunState.CANCELLED, reason or "cancelled", events, fields=fields)
+        else:
+            _write_run(run, events, fields=fields)
+    logger.info("Cancel requested run_id=%s state=%s", run.pk, run.state)
+    return run
+
+
+def _close_run(
+    run: Run,
+    target: str,
+    reason: str,
+    events: list[Event],
+    *,
+    lease: Lease | None = None,
+    fields: dict[str, Any] | None = None,
+    message: str | None = None,
+) -> None:
+    """Close open tool calls and the open turn with synthetic results, then end the run
+    as cancelled or timed_out. Completed tool outputs are kept."""
+    now = timezone.now()
+    text = message or (
+        f"Cancelled: {reason}" if target == RunState.CANCELLED else f"Timed out: {reason}"
+    )
+    turn = run.turns.exclude(state__in=[TurnState.COMPLETED, TurnState.CANCELLED, TurnState.FAILED]).first()
+    if turn is not None:
+        for call in turn.tool_calls.open():
+            events += _close_call(
+                call,
+                ToolCallState.CANCELLED,
+                _cancel_text(call, text),
+                is_error=True,
+                source=ResultSource.SYNTHETIC,
+            )
+        old = _set_state(turn, TurnState.CANCELLED)
+        _save(turn, old, finished_at=now)
+        events.append(("turn_cancelled", {"turn_index": turn.index, "turn_state": turn.state}))
+    old = _set_state(run, target)
+    kind = "run_cancelled" if target == RunState.CANCELLED else "run_timed_out"
+    events.append((kind, {"run_state": run.state, "reason": reason}))
+    _write_run(
+        run,
+        events,
+        lease=lease,
+        old_state=old,
+        fields={
+            **(fields or {}),
+            **_release_fields(),
+            "stop_reason": target,
+            "finished_at": now,
+        },
+    )
+    _on_commit_signal(signals.run_finished, run=run, state=run.state)
+
+
+def _cancel_text(call: ToolCall, text: str) -> str:
+    if call.state == ToolCallState.IN_FLIGHT:
+        return f"{text}. The tool may have started; its outcome is unknown."
+    return f"{text}. The tool was not run."
+
+
+def resume_run(run: Run | Any, *, by: Any = None) -> Run:
+    """Queue a failed, cancelled or timed-out run again; it continues from its history."""
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(pk=getattr(run, "pk", run))
+        now = timezone.now()
+        old = _set_state(run, RunState.QUEUED)
+        fields: dict[str, Any] = {
+            "error_code": "",
+            "error_message": "",
+            "failure_phase": "",
+            "stop_reason": "",
+            "cancel_requested_at": None,
+            "cancel_reason": "",
+            "cancel_requested_by": None,
+            "recovery_attempts": 0,
+            "queued_at": now,
+            "finished_at": None,
+            **_release_fields(),
+        }
+        if run.deadline is not None and run.deadline <= now:
+            fields["deadline"] = None  # a passed deadline would end it again at once
+        _write_run(
+            run,
+            [("run_resumed", {"run_state": run.state, "by": _user_id(by), "from": old})],
+            old_state=old,
+            fields=fields,
+        )
+        _enqueue(run.pk)
+    logger.info("Run resumed run_id=%s", run.pk)
+    return run
+
+
+# --------------------------------------------------------------------------- approvals
+
+
+def approval_token(call: ToolCall) -> str:
+    """A signed resume token bound to this call and the hash of its arguments."""
+    return signing.dumps({"tc": call.pk, "h": call.arguments_hash}, salt=TOKEN_SALT)
+
+
+def check_approval_token(call: ToolCall, token: str) -> None:
+    try:
+        data = signing.loads(token, salt=TOKEN_SALT, max_age=agentrun_settings.APPROVAL_TOKEN_MAX_AGE)
+    except signing.BadSignature as exc:
+        raise InvalidToken("The approval token is invalid or expired.") from exc
+    if data.get("tc") != call.pk or data.get("h") != call.arguments_hash:
+        raise InvalidToken("The approval token does not match this tool call and its arguments.")
+
+
+def _lock_call(tool_call: ToolCall | Any) -> tuple[ToolCall, Run]:
+    pk = getattr(tool_call, "pk", tool_call)
+    run_id = ToolCall.objects.filter(pk=pk).values_list("run_id", flat=True).first()
+    if run_id is None:
+        raise ApprovalError(f"Tool call {pk} does not exist.")
+    # Lock order: run, then call (the engine writes in the same order).
+    run = Run.objects.select_for_update().get(pk=run_id)
+    call = ToolCall.objects.select_for_update().select_related("turn").get(pk=pk)
+    return call, run
+
+
+def _after_decision(run: Run, call: ToolCall, events: list[Event]) -> None:
+    """When no call of the turn waits for a person any more, the run goes on."""
+    waiting = (
+        call.turn.tool_calls.pending_decision().exclude(pk=call.pk).exists()
+    )
+    if run.state == RunState.AWAITING_APPROVAL and not waiting:
+        old = _set_state(run, RunState.AWAITING_TOOL)
+        events.append(("run_continued", {"run_state": run.state}))
+        _write_run(run, events, old_state=old, fields=_release_fields())
+        _enqueue(run.pk)
+    else:
+        _write_run(run, events)
+
+
+def approve_tool_call(
+    tool_call: ToolCall | Any,
+    *,
+    by: Any,
+    note: str = "",
+    arguments: dict[str, Any] | None = None,
+    token: str | None = None,
+) -> ToolCall:
+    """Approve a waiting call (optionally with edited arguments, re-validated); twice is a no-op."""
+    with transaction.atomic():
+        call, run = _lock_call(tool_call)
+        if call.approved and call.state != ToolCallState.AWAITING_APPROVAL and arguments is None:
+            return call
+        if call.state != ToolCallState.AWAITING_APPROVAL:
+            raise ApprovalError(
+                f"Tool call {call.tool_call_id} is {call.state}, not awaiting approval."
+            )
+        if token is not None:
+            check_approval_token(call, token)
+        fields: dict[str, Any] = {
+            "approved": True,
+            "decided_by": by if getattr(by, "pk", None) else None,
+            "decided_at": timezone.now(),
+            "decision_note": note,
+        }
+        payload: dict[str, Any] = {
+            "turn_index": call.turn_index,
+            "tool_call_id": call.tool_call_id,
+            "decision": "approved",
+            "by": _user_id(by),
+            "note": note,
+        }
+        if arguments is not None:
+            tool = get_agent(run.agent).tools.get(call.name)
+            if tool is None:
+                raise ApprovalError(f"Tool {call.name} is no longer defined by agent {run.agent}.")
+            try:
+                canonical = tool.validate(arguments)
+            except ToolArgumentsError as exc:
+                raise ApprovalError(str(exc)) from exc
+            if canonical != call.arguments:
+                fields.update(
+                    original_arguments=call.original_arguments or call.arguments,
+                    arguments=canonical,
+                    arguments_hash=arguments_hash(call.name, canonical),
+                )
+                payload["arguments"] = canonical
+        old = _set_state(call, ToolCallState.REQUESTED)
+        _save(call, old, **fields)
+        payload["tool_call_state"] = call.state
+        _after_decision(run, call, [("approval_decided", payload)])
+    logger.info("Tool call approved run_id=%s tool_call_id=%s", run.pk, call.tool_call_id)
+    return call
+
+
+def reject_tool_call(
+    tool_call: ToolCall | Any, *, by: Any, reason: str, token: str | None = None
+) -> ToolCall:
+    """Decline a waiting call: it closes with an is_error result that tells the model why."""
+    with transaction.atomic():
+        call, run = _lock_call(tool_call)
+        if call.state == ToolCallState.REJECTED:
+            return call
+        if call.state != ToolCallState.AWAITING_APPROVAL:
+            raise ApprovalError(
+                f"Tool call {call.tool_call_id} is {call.state}, not awaiting approval."
+            )
+        if token is not None:
+            check_approval_token(call, token)
+        text = f"A person declined this tool call. Reason: {reason or 'no reason given'}. Do not retry it as is."
+        events = _close_call(
+            call,
+            ToolCallState.REJECTED,
+            text,
+            is_error=True,
+            source=ResultSource.PERSON,
+            fields={
+                "decided_by": by if getattr(by, "pk", None) else None,
+                "decided_at": timezone.now(),
+                "decision_note": reason,
+            },
+            extra={"decision": "rejected", "by": _user_id(by), "note": reason},
+            kind="approval_decided",
+        )
+        _after_decision(run, call, events)
+    logger.info("Tool call rejected run_id=%s tool_call_id=%s", run.pk, call.tool_call_id)
+    return call
+
+
+def resolve_tool_call(
+    tool_call: ToolCall | Any,
+    *,
+    by: Any,
+    action: str,
+    result: Any = None,
+    note: str = "",
+) -> ToolCall:
+    """A person settles a call whose outcome is unknown: `done` (with its result),
+    `retry` (one new attempt) or `fail` (an is_error result)."""
+    from .tools import result_content
+
+    with transaction.atomic():
+        call, run = _lock_call(tool_call)
+        if call.state != ToolCallState.UNKNOWN:
+            raise ApprovalError(f"Tool call {call.tool_call_id} is {call.state}, not unknown.")
+        decided = {
+            "decided_by": by if getattr(by, "pk", None) else None,
+            "decided_at": timezone.now(),
+            "decision_note": note,
+        }
+        extra = {"decision": action, "by": _user_id(by), "note": note}
+        if action == "done":
+            events = _close_call(
+                call,
+                ToolCallState.SUCCEEDED,
+                result_content(result),
+                is_error=False,
+                source=ResultSource.PERSON,
+                fields=decided,
+                extra=extra,
+                kind="tool_call_resolved",
+            )
+        elif action == "fail":
+            text = f"The tool call failed (decided by a person). {note}".strip()
+            events = _close_call(
+                call,
+                ToolCallState.ERRORED,
+                text,
+                is_error=True,
+                source=ResultSource.PERSON,
+                fields=decided,
+                extra=extra,
+                kind="tool_call_resolved",
+            )
+        elif action == "retry":
+            old = _set_state(call, ToolCallState.REQUESTED)
+            _save(call, old, unknown_reason="", approved=True, **decided)
+            events = [
+                (
+                    "tool_call_resolved",
+                    {
+                        "turn_index": call.turn_index,
+                        "tool_call_id": call.tool_call_id,
+                        "tool_call_state": call.state,
+                        **extra,
+                    },
+                )
+            ]
+        else:
+            raise ApprovalError(f"Unknown action {action!r}: use done, retry or fail.")
+        _after_decision(run, call, events)
+    logger.info("Tool call resolved run_id=%s tool_call_id=%s action=%s", run.pk, call.tool_call_id, action)
+    return call
+
+
+def _close_call(
+    call: ToolCall,
+    target: str,
+    result: Any,
+    *,
+    is_error: bool,
+    source: str,
+    fields: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
+    kind: str = "tool_call_finished",
+) -> list[Event]:
+    """Close a tool call with its result (CAS on its state); returns its event."""
+    old = _set_state(call, target)
+    _save(
+        call,
+        old,
+        result=result,
+        is_error=is_error,
+        result_source=source,
+        finished_at=timezone.now(),
+        **(fields or {}),
+    )
+    return [
+        (
+            kind,
+            {
+                "turn_index": call.turn_index,
+                "tool_call_id": call.tool_call_id,
+                "tool_call_state": call.state,
+                "result": result,
+                "is_error": is_error,
+                "source": source,
+                **(extra or {}),
+            },
+        )
+    ]
+
+
+# --------------------------------------------------------------------------- engine writes
+
+
+def claim_run(run_id: Any, owner: str, *, steal_from: str | None = None) -> Lease | None:
+    """Take the run's lease if it is free or expired (or held by `steal_from`, a dead
+    local process). Bumps the epoch; counts a recovery when a previous holder never
+    released it. None: another live holder, or nothing to advance."""
+    now = timezone.now()
+    expires = now + timedelta(seconds=agentrun_settings.LEASE_SECONDS)
+    qn = connection.ops.quote_name
+    claimable = [RunState.QUEUED, RunState.RUNNING, RunState.AWAITING_TOOL]
+    free = f"({qn('lease_owner')} = '' OR {qn('lease_expires_at')} < %s"
+    params: list[Any] = [
+        owner,
+        _db(Run, "lease_expires_at", expires),
+        _db(Run, "updated_at", now),
+        _db(Run, "id", run_id),
+        *claimable,
+        _db(Run, "lease_expires_at", now),
+    ]
+    if steal_from:
+        free += f" OR {qn('lease_owner')} = %s"
+        params.append(steal_from)
+    free += ")"
+    sql = (
+        f"UPDATE {qn(Run._meta.db_table)} SET {qn('lease_owner')} = %s, "
+        f"{qn('lease_expires_at')} = %s, {qn('updated_at')} = %s, "
+        f"{qn('lease_epoch')} = {qn('lease_epoch')} + 1, "
+        f"{qn('recovery_attempts')} = {qn('recovery_attempts')} + "
+        f"CASE WHEN {qn('lease_owner')} = '' THEN 0 ELSE 1 END "
+        f"WHERE {qn('id')} = %s AND {qn('state')} IN (%s, %s, %s) AND {free} "
+        f"RETURNING {qn('lease_epoch')}"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    return Lease(run_id=run_id if isinstance(run_id, uuid.UUID) else uuid.UUID(str(run_id)), owner=owner, epoch=int(row[0]))
+
+
+def release_lease(lease: Lease) -> None:
+    """Give the lease back (best effort; an expired lease is harmless)."""
+    Run.objects.filter(pk=lease.run_id, lease_epoch=lease.epoch, lease_owner=lease.owner).update(
+        **_release_fields()
+    )
+
+
+def renew_lease(lease: Lease) -> tuple[bool, bool]:
+    """Extend the lease; returns (still held, cancel requested)."""
+    expires = timezone.now() + timedelta(seconds=agentrun_settings.LEASE_SECONDS)
+    qn = connection.ops.quote_name
+    sql = (
+        f"UPDATE {qn(Run._meta.db_table)} SET {qn('lease_expires_at')} = %s "
+        f"WHERE {qn('id')} = %s AND {qn('lease_epoch')} = %s AND {qn('lease_owner')} = %s "
+        f"RETURNING {qn('cancel_requested_at')} IS NOT NULL"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            sql,
+            [_db(Run, "lease_expires_at", expires), _db(Run, "id", lease.run_id), lease.epoch, lease.owner],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        return False, False
+    return True, bool(row[0])
+
+
+def poll_cancel(lease: Lease) -> tuple[bool, bool]:
+    """Cheap read: (still held, cancel requested)."""
+    row = (
+        Run.objects.filter(pk=lease.run_id)
+        .values_list("lease_epoch", "lease_owner", "cancel_requested_at")
+        .first()
+    )
+    if row is None:
+        return False, False
+    return (row[0] == lease.epoch and row[1] == lease.owner), row[2] is not None
+
+
+def fenced(run: Run, lease: Lease, events: list[Event], **kwargs: Any) -> bool:
+    """Engine write of the run row under the lease (see _write_run)."""
+    return _write_run(run, events, lease=lease, **kwargs)
+
+
+def run_failed(
+    run: Run,
+    lease: Lease | None,
+    *,
+    code: str,
+    message: str,
+    phase: str,
+    events: list[Event] | None = None,
+    turn: Turn | None = None,
+) -> None:
+    """End the run as failed with a structured error (inside the caller's transaction)."""
+    events = list(events or [])
+    now = timezone.now()
+    if turn is not None and turn.state not in (TurnState.COMPLETED, TurnState.CANCELLED, TurnState.FAILED):
+        for call in turn.tool_calls.open():
+            events += _close_call(
+                call,
+                ToolCallState.CANCELLED,
+                _cancel_text(call, f"Run failed ({code})"),
+                is_error=True,
+                source=ResultSource.SYNTHETIC,
+            )
+        old_turn = _set_state(turn, TurnState.FAILED)
+        _save(turn, old_turn, finished_at=now)
+        events.append(("turn_failed", {"turn_index": turn.index, "turn_state": turn.state}))
+    old = _set_state(run, RunState.FAILED)
+    events.append(
+        (
+            "run_failed",
+            {
+                "run_state": run.state,
+                "error_code": code,
+                "error_message": message,
+                "phase": phase,
+                "last_checkpoint": run.last_seq,
+            },
+        )
+    )
+    _write_run(
+        run,
+        events,
+        lease=lease,
+        old_state=old,
+        fields={
+            "error_code": code,
+            "error_message": message,
+            "failure_phase": phase,
+            "last_checkpoint": run.last_seq,
+            "finished_at": now,
+            **_release_fields(),
+        },
+    )
+    logger.warning("Run failed run_id=%s code=%s phase=%s", run.pk, code, phase)
+    _on_commit_signal(signals.run_finished, run=run, state=run.state)
+
+
+def close_run(
+    run: Run, lease: Lease | None, target: str, reason: str, events: list[Event] | None = None
+) -> None:
+    """Cancel or time out a run from the engine or the reaper (inside a transaction)."""
+    _close_run(run, target, reason, list(events or []), lease=lease)
+
+
+def active_states() -> Iterable[str]:
+    return RUN_ACTIVE

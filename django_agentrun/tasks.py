@@ -1,0 +1,44 @@
+"""Thin Celery tasks: ids in, engine and services do the work.
+
+A message is only a wake-up call: the engine decides from the database, so
+redelivery and duplicates are harmless (a duplicate finds the lease taken).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+from django.db import InterfaceError, OperationalError
+
+logger = logging.getLogger(__name__)
+
+# Late acks + reject on worker lost: a killed pool child's message is redelivered.
+TASK_OPTIONS = {
+    "acks_late": True,
+    "reject_on_worker_lost": True,
+    "ignore_result": True,
+}
+
+
+@shared_task(name="django_agentrun.advance_run", bind=True, max_retries=5, **TASK_OPTIONS)
+def advance_run(self, run_id: str) -> str:
+    """Advance a run by at most one turn."""
+    from .engine import advance
+
+    try:
+        outcome = advance(run_id, heartbeat=True)
+    except (OperationalError, InterfaceError) as exc:
+        # A database hiccup: the lease (if any) lapses, and a retry or the reaper goes on.
+        logger.warning("Database error advancing run_id=%s; retrying", run_id, exc_info=True)
+        raise self.retry(exc=exc, countdown=min(2 ** self.request.retries, 30)) from exc
+    logger.debug("advance_run run_id=%s outcome=%s", run_id, outcome)
+    return outcome
+
+
+@shared_task(name="django_agentrun.reap", **TASK_OPTIONS)
+def reap() -> dict:
+    """Find runs nobody is advancing and repair them (see recovery.reap)."""
+    from .recovery import reap as reap_now
+
+    return reap_now().as_dict()

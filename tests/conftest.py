@@ -1,0 +1,42 @@
+"""Shared fixtures: the scripted model client, projection checks."""
+
+from __future__ import annotations
+
+import pytest
+
+from django_agentrun.clients import reset_model_client_cache
+from django_agentrun.engine.projection import project
+from django_agentrun.models import Run, RunEvent
+
+
+@pytest.fixture(autouse=True)
+def _fresh_client_cache():
+    reset_model_client_cache()
+    yield
+    reset_model_client_cache()
+
+
+def assert_projection_matches(run: Run) -> None:
+    """The events alone rebuild the run's states, usage and history."""
+    from django_agentrun.engine.loop import _Step  # noqa: F401 - history from rows
+    from django_agentrun.engine.history import TurnRecord, build_messages
+
+    run.refresh_from_db()
+    events = list(RunEvent.objects.filter(run=run).order_by("seq"))
+    proj = project(events)
+    assert proj.last_seq == run.last_seq == len(events)
+    assert proj.run_state == run.state
+    turns = list(run.turns.order_by("index"))
+    assert proj.turn_states == {t.index: t.state for t in turns}
+    calls = list(run.tool_calls.all())
+    assert proj.tool_call_states == {(c.turn_index, c.tool_call_id): c.state for c in calls}
+    assert proj.usage == run.usage()
+    records = [
+        TurnRecord(
+            t.index,
+            t.content,
+            [c.tool_result_block() for c in sorted(t.tool_calls.all(), key=lambda c: c.position) if c.is_closed],
+        )
+        for t in turns
+    ]
+    assert proj.messages == build_messages(run.input, records)

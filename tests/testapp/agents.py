@@ -1,0 +1,111 @@
+"""Agents and tools used by the test suite, in worker processes too.
+
+Every handler appends a line to the file named by AGENTRUN_TEST_LOG (if set), so
+tests can count executions across processes that were killed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from django_agentrun import Agent, Budget, Reconciliation, SideEffect, ToolContext, ToolError, tool
+
+
+def record(kind: str, **data) -> None:
+    path = os.environ.get("AGENTRUN_TEST_LOG")
+    if not path:
+        return
+    line = json.dumps({"kind": kind, "pid": os.getpid(), **data}, sort_keys=True)
+    with open(path, "a") as fh:
+        fh.write(line + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def executions(kind: str | None = None) -> list[dict]:
+    path = os.environ.get("AGENTRUN_TEST_LOG")
+    if not path or not Path(path).exists():
+        return []
+    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    return [r for r in rows if kind is None or r["kind"] == kind]
+
+
+@tool(side_effect=SideEffect.READ_ONLY)
+def lookup(ctx: ToolContext, query: str) -> dict:
+    """Look up a fact."""
+    record("lookup", key=ctx.idempotency_key, attempt=ctx.attempt, query=query)
+    return {"query": query, "answer": f"fact about {query}"}
+
+
+@tool(side_effect=SideEffect.IDEMPOTENT_WRITE)
+def save_note(ctx: ToolContext, text: str) -> str:
+    """Save a note (idempotent by key)."""
+    record("save_note", key=ctx.idempotency_key, attempt=ctx.attempt)
+    return f"saved {ctx.idempotency_key[:8]}"
+
+
+def _sent(ctx: ToolContext, to: str, body: str) -> Reconciliation:
+    for row in executions("send_message"):
+        if row["key"] == ctx.idempotency_key:
+            return Reconciliation.done({"message_id": f"m-{row['key'][:12]}"})
+    return Reconciliation.not_done()
+
+
+@tool(side_effect=SideEffect.NON_IDEMPOTENT, reconcile=_sent)
+def send_message(ctx: ToolContext, to: str, body: str) -> dict:
+    """Send a message (non-idempotent, with a reconcile check)."""
+    record("send_message", key=ctx.idempotency_key, attempt=ctx.attempt, to=to)
+    return {"message_id": f"m-{ctx.idempotency_key[:12]}"}
+
+
+@tool(side_effect=SideEffect.NON_IDEMPOTENT)
+def charge_card(ctx: ToolContext, amount_cents: int) -> str:
+    """Charge a card (non-idempotent, no reconcile check)."""
+    record("charge_card", key=ctx.idempotency_key, attempt=ctx.attempt)
+    return f"charged {amount_cents}"
+
+
+@tool(side_effect=SideEffect.NON_IDEMPOTENT, requires_approval=True)
+def delete_account(ctx: ToolContext, user: str) -> str:
+    """Delete an account (needs a person's approval)."""
+    record("delete_account", key=ctx.idempotency_key, user=user)
+    return f"deleted {user}"
+
+
+@tool
+def fail_always(reason: str) -> str:
+    """A tool that raises."""
+    raise ToolError(f"failed on purpose: {reason}")
+
+
+@tool
+def explode() -> str:
+    """A tool with a bug."""
+    raise RuntimeError("secret-token-123 leaked?")
+
+
+@tool
+def slow(ctx: ToolContext, seconds: float) -> str:
+    """Sleep cooperatively."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        ctx.raise_if_cancelled()
+        time.sleep(0.05)
+    return "slept"
+
+
+@tool
+def shell_sleep(ctx: ToolContext, seconds: int) -> str:
+    """Run `sleep` as a child process."""
+    record("shell_sleep", key=ctx.idempotency_key)
+    result = ctx.run_subprocess(["sleep", str(seconds)])
+    return f"exit {result.returncode}"
+
+
+ALL_TOOLS = [lookup, save_note, send_message, charge_card, delete_account, fail_always, explode, slow, shell_sleep]
+
+Agent(name="test-agent", model="claude-sonnet-4-5", system="You are a test agent.", tools=ALL_TOOLS, max_turns=10)
+Agent(name="tiny-budget", model="claude-sonnet-4-5", tools=ALL_TOOLS, budget=Budget(max_output_tokens=5000), max_tokens=2000)

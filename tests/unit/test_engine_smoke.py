@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+import pytest
+
+from django_agentrun import start_run
+from django_agentrun.engine import Outcome, advance
+from django_agentrun.models import Run
+from django_agentrun.testing import ScriptedClient, reply, text, tool_use
+from tests.conftest import assert_projection_matches
+
+pytestmark = pytest.mark.django_db(transaction=False)
+
+
+def drive(run, client, limit=20):
+    outcomes = []
+    for _ in range(limit):
+        out = advance(run.pk, client=client)
+        outcomes.append(out)
+        if out != Outcome.CONTINUED:
+            break
+    return outcomes
+
+
+def test_two_turns(django_capture_on_commit_callbacks):
+    client = ScriptedClient([
+        reply(text("Let me look."), tool_use("lookup", {"query": "x"})),
+        reply(text("The answer.")),
+    ])
+    run = start_run("test-agent", "hello")
+    out = drive(run, client)
+    run.refresh_from_db()
+    assert run.state == "completed", (out, run.error_code, run.error_message)
+    assert run.output["text"] == "The answer."
+    assert_projection_matches(run)
