@@ -83,6 +83,22 @@ def advance(
             services.release_lease(lease)
 
 
+def recover_in_flight(run_id: Any) -> str:
+    """The reaper's half of recovery: claim an expired lease, apply the side-effect
+    policy to in_flight calls (re-run allowed, reconcile, or unknown), wake a worker."""
+    step = _Step(run_id, f"reaper:{services.worker_identity()}", AbortSignal(), None, recover_only=True)
+    lease = step.claim()
+    if lease is None:
+        return Outcome.NOT_CLAIMED
+    try:
+        return step.run()
+    except LeaseLost:
+        return Outcome.LEASE_LOST
+    finally:
+        if not step.released:
+            services.release_lease(lease)
+
+
 def _dead_local_holder(owner: str) -> bool:
     """A lease held by a process on this host that no longer exists (a killed pool child)."""
     import socket
@@ -101,7 +117,16 @@ def _dead_local_holder(owner: str) -> bool:
 
 
 class _Step:
-    def __init__(self, run_id: Any, owner: str, abort: AbortSignal, client: ModelClient | None):
+    def __init__(
+        self,
+        run_id: Any,
+        owner: str,
+        abort: AbortSignal,
+        client: ModelClient | None,
+        *,
+        recover_only: bool = False,
+    ):
+        self.recover_only = recover_only
         self.run_id = run_id
         self.owner = owner
         self.abort = abort
@@ -192,7 +217,7 @@ class _Step:
         if last is not None and last.state in (TurnState.RUNNING, TurnState.AWAITING_TOOL):
             # RUNNING: the model was asked but its answer never committed: ask again.
             self.turn = last
-        else:
+        elif not self.recover_only:
             self._begin_turn(events)
         if events:
             self._fenced(events)
@@ -250,6 +275,8 @@ class _Step:
             return self.outcome
         try:
             turn = self.turn
+            if self.recover_only:
+                self._recover_only(turn)
             assert turn is not None
             if turn.state == TurnState.RUNNING:
                 self._model_step(turn)
@@ -652,6 +679,17 @@ class _Step:
             self._park_unknown(call, "The reconcile check says not done, but a retry was already made.")
         else:
             self._park_unknown(call, found.reason or "The reconcile check could not tell.")
+
+    def _recover_only(self, turn: Turn | None) -> None:
+        if turn is not None and turn.state == TurnState.AWAITING_TOOL:
+            for call in turn.calls:  # type: ignore[attr-defined]
+                if call.state == ToolCallState.IN_FLIGHT:
+                    self._recover(turn, call, self.agent.tools.get(call.name) if self.agent else None)
+        with self._tx():
+            self._fenced([], fields=services._release_fields())
+            self.released = True
+            services._enqueue(self.run_id)
+        raise _Stop(Outcome.CONTINUED)
 
     def _requeue_call(self, call: ToolCall, policy: str) -> None:
         with self._tx():

@@ -1,0 +1,294 @@
+"""ModelClient over the official `anthropic` SDK (streaming, abortable, cache-aware)."""
+
+from __future__ import annotations
+
+import email.utils
+import socket
+import threading
+import time
+from typing import Any
+
+import anthropic
+import httpx2
+
+from ..abort import AbortSignal
+from ..conf import agentrun_settings
+from .base import ModelError, ModelRequest, ModelResponse, StreamAborted, Usage
+
+__all__ = ["AnthropicModelClient"]
+
+_EPHEMERAL = {"type": "ephemeral"}
+
+# Status to assume for an `event: error` sent mid-stream (the HTTP status there is 200).
+_STREAM_ERROR_STATUS = {
+    "overloaded_error": 529,
+    "api_error": 500,
+    "rate_limit_error": 429,
+    "timeout_error": 504,
+    "invalid_request_error": 400,
+}
+
+
+class _StreamHandle:
+    """Lets the abort callback (another thread) cut the stream the worker is reading."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._response: httpx2.Response | None = None
+        self._cut = False
+
+    def attach(self, response: httpx2.Response) -> None:
+        with self._lock:
+            self._response = response
+
+    def cut(self) -> None:
+        with self._lock:
+            response, self._cut = self._response, True
+        if response is None:
+            return  # not connected yet: the reader checks `abort` once it is
+        # Shutting the socket down wakes the reader blocked in recv() at once (a bare
+        # close() from another thread would not, on Linux); the reader then closes the
+        # response itself, so the connection pool is only touched from one thread.
+        network_stream = response.extensions.get("network_stream")
+        sock = network_stream.get_extra_info("socket") if network_stream is not None else None
+        if isinstance(sock, socket.socket):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+                return
+            except OSError:
+                pass  # already closed or not connected: fall back to closing the response
+        response.close()
+
+
+class AnthropicModelClient:
+    """Streams Messages API calls with the `anthropic` SDK.
+
+    The SDK client is built lazily (on first use, once per instance) from the
+    AGENTRUN_ANTHROPIC_* settings and the SDK's own environment variables
+    (ANTHROPIC_API_KEY, ANTHROPIC_BASE_URL, ...); constructor arguments override
+    both. One instance can be shared by the threads of a worker process.
+    """
+
+    def __init__(
+        self,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        max_retries: int | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        self._api_key = api_key
+        self._base_url = base_url
+        self._max_retries = max_retries
+        self._timeout = timeout
+        self._client: anthropic.Anthropic | None = None
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:  # never show the key
+        return f"<AnthropicModelClient base_url={self._base_url!r}>"
+
+    @property
+    def client(self) -> anthropic.Anthropic:
+        """The SDK client, built on first access."""
+        if self._client is None:
+            with self._lock:
+                if self._client is None:
+                    self._client = self._build_client()
+        return self._client
+
+    def _build_client(self) -> anthropic.Anthropic:
+        kwargs: dict[str, Any] = {
+            "max_retries": (
+                self._max_retries
+                if self._max_retries is not None
+                else agentrun_settings.ANTHROPIC_MAX_RETRIES
+            ),
+            "timeout": self._timeout
+            if self._timeout is not None
+            else agentrun_settings.ANTHROPIC_TIMEOUT,
+        }
+        # Only pass what was given, so the SDK's environment lookups still apply.
+        if self._api_key is not None:
+            kwargs["api_key"] = self._api_key
+        if self._base_url is not None:
+            kwargs["base_url"] = self._base_url
+        return anthropic.Anthropic(**kwargs)
+
+    def close(self) -> None:
+        """Close the SDK client's connection pool (a later call builds a new one)."""
+        with self._lock:
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+    # -- the ModelClient protocol ------------------------------------------------------------
+
+    def create(self, request: ModelRequest, *, abort: AbortSignal) -> ModelResponse:
+        """Stream one response; raise StreamAborted once `abort` fires, ModelError on failure."""
+        if abort.aborted:
+            raise StreamAborted(f"model call aborted before it started: {abort.reason}")
+        params = self.build_params(request)
+        handle = _StreamHandle()
+        remove = abort.add_callback(handle.cut)
+        stream = None
+        try:
+            with self.client.messages.stream(**params) as stream:
+                handle.attach(stream.response)
+                if abort.aborted:  # fired while we waited for the response headers
+                    raise StreamAborted(f"model stream aborted: {abort.reason}")
+                for _event in stream:
+                    if abort.aborted:
+                        break
+                if abort.aborted:
+                    # Even a stream that happened to finish is dropped: the run was cancelled
+                    # or this worker lost its lease, so nothing may be recorded from it.
+                    raise StreamAborted(f"model stream aborted: {abort.reason}")
+                message = stream.get_final_message()
+                request_id = stream.request_id or getattr(message, "_request_id", None) or ""
+        except StreamAborted:
+            raise
+        except Exception as exc:
+            if abort.aborted:
+                # Cutting the connection makes the reader fail; that is the abort, not an error.
+                raise StreamAborted(f"model stream aborted: {abort.reason}") from exc
+            raise self._model_error(exc, stream) from exc
+        finally:
+            remove()
+        return ModelResponse(
+            message_id=message.id,
+            content=[_block_to_param(block) for block in message.content],
+            stop_reason=message.stop_reason,
+            stop_sequence=message.stop_sequence,
+            model=message.model or request.model,
+            usage=Usage.from_mapping(message.usage),
+            request_id=request_id,
+        )
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    @staticmethod
+    def build_params(request: ModelRequest) -> dict[str, Any]:
+        """The SDK keyword arguments for `request`, empty parts left out.
+
+        With `cache_prefix`, the last tool and the last system block get an
+        ephemeral cache breakpoint (tools render before system, so both together
+        cache the whole stable prefix). Blocks are copied: the request is never mutated.
+        """
+        system = request.system
+        if isinstance(system, str):  # tolerate a bare string system prompt
+            system = [{"type": "text", "text": system}] if system else []
+        system = [dict(block) for block in system]
+        tools = [dict(tool) for tool in request.tools]
+        if request.cache_prefix:
+            if tools:
+                tools[-1]["cache_control"] = dict(_EPHEMERAL)
+            if system:
+                system[-1]["cache_control"] = dict(_EPHEMERAL)
+        params: dict[str, Any] = {
+            "model": request.model,
+            "max_tokens": request.max_tokens,
+            "messages": request.messages,
+        }
+        optional = {
+            "system": system,
+            "tools": tools,
+            "tool_choice": request.tool_choice,
+            "stop_sequences": list(request.stop_sequences),
+            "metadata": dict(request.metadata),
+        }
+        params.update({key: value for key, value in optional.items() if value})
+        return params
+
+    def _model_error(self, exc: Exception, stream: Any) -> Exception:
+        """Translate an SDK / transport failure into ModelError (retryable or not)."""
+        if isinstance(exc, anthropic.APIStatusError):
+            status = exc.status_code
+            error_type = exc.type or ""
+            if status == 200:  # an `event: error` inside a 200 stream
+                status = _STREAM_ERROR_STATUS.get(error_type, 500)
+            should_retry = exc.response.headers.get("x-should-retry")
+            if should_retry in ("true", "false"):
+                retryable = should_retry == "true"  # the API's explicit word wins
+            else:
+                retryable = status in (408, 429) or status >= 500
+            detail = exc.api_message or exc.message
+            message = f"{status} {error_type or 'error'}: {detail}"
+            return ModelError(
+                self._redact(message),
+                retryable=retryable,
+                status=status,
+                retry_after=_retry_after(exc.response.headers) if retryable else None,
+                request_id=exc.request_id or "",
+            )
+        if isinstance(exc, anthropic.APITimeoutError | httpx2.TimeoutException):
+            return ModelError(
+                self._redact(f"model request timed out: {exc}"),
+                retryable=True,
+                request_id=_stream_request_id(stream),
+            )
+        if isinstance(exc, anthropic.APIConnectionError | httpx2.TransportError):
+            # Refused, reset, or dropped mid-stream: the next attempt may well work.
+            cause = exc.__cause__ or exc
+            return ModelError(
+                self._redact(f"model connection error: {type(cause).__name__}: {cause}"),
+                retryable=True,
+                request_id=_stream_request_id(stream),
+            )
+        if isinstance(exc, ValueError) and "Unable to parse tool parameter JSON" in str(exc):
+            # Malformed tool input from the model; the SDK itself advises retrying.
+            return ModelError(
+                self._redact(str(exc)), retryable=True, request_id=_stream_request_id(stream)
+            )
+        if isinstance(exc, anthropic.AnthropicError):
+            return ModelError(self._redact(f"{type(exc).__name__}: {exc}"), retryable=False)
+        return exc  # a bug, not a model failure: let it surface as itself
+
+    def _redact(self, message: str) -> str:
+        key = self._api_key or (self._client.api_key if self._client is not None else None)
+        if key and key in message:
+            message = message.replace(key, "[redacted]")
+        return message
+
+
+def _block_to_param(block: Any) -> dict[str, Any]:
+    """A response content block as a plain dict that can be sent back to the API."""
+    data = block.model_dump(mode="json", exclude_none=True)
+    if data.get("type") == "tool_use":
+        # Exactly what a tool_use block param needs; input may be partial after max_tokens.
+        param = {key: data[key] for key in ("type", "id", "name") if key in data}
+        param["input"] = data.get("input") if isinstance(data.get("input"), dict) else {}
+        if "caller" in data:
+            param["caller"] = data["caller"]
+        return param
+    if data.get("type") == "text":
+        # Citations are the only other field the API accepts back on a text block.
+        return {key: data[key] for key in ("type", "text", "citations") if key in data}
+    return data
+
+
+def _retry_after(headers: httpx2.Headers) -> float | None:
+    """Seconds from retry-after-ms / retry-after (seconds or HTTP date), if present."""
+    value = headers.get("retry-after-ms")
+    if value is not None:
+        try:
+            return max(0.0, float(value) / 1000)
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    parsed = email.utils.parsedate_tz(value)
+    if parsed is None:
+        return None
+    return max(0.0, email.utils.mktime_tz(parsed) - time.time())
+
+
+def _stream_request_id(stream: Any) -> str:
+    try:
+        return (stream.request_id or "") if stream is not None else ""
+    except Exception:  # noqa: BLE001 - no response yet
+        return ""

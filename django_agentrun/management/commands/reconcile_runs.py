@@ -1,0 +1,73 @@
+"""manage.py reconcile_runs: run the reaper's recovery once, by hand."""
+
+from __future__ import annotations
+
+import argparse
+import uuid
+
+from django.core.management.base import BaseCommand, CommandError
+
+from django_agentrun.conf import agentrun_settings
+from django_agentrun.recovery import reap
+
+
+def _seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if seconds < 0:
+        raise argparse.ArgumentTypeError("seconds must not be negative")
+    return seconds
+
+
+def _run_id(value: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a run id (a UUID)") from None
+
+
+class Command(BaseCommand):
+    help = (
+        "Find runs nobody is advancing (dead workers, lost messages, passed deadlines, stale "
+        "in-flight tool calls) and repair them, exactly as the beat-scheduled reaper does."
+    )
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument(
+            "--dry-run", action="store_true", help="Say what would be done; change nothing."
+        )
+        parser.add_argument(
+            "--run",
+            dest="runs",
+            action="append",
+            type=_run_id,
+            default=None,
+            metavar="ID",
+            help="Only this run (repeatable).",
+        )
+        parser.add_argument(
+            "--stale-after",
+            type=_seconds,
+            default=None,
+            metavar="SECONDS",
+            help=(
+                "Re-enqueue runs nobody picked up for this long "
+                f"(default: AGENTRUN_QUEUED_STALE_SECONDS, now {agentrun_settings.QUEUED_STALE_SECONDS:g})."
+            ),
+        )
+
+    def handle(self, *, dry_run: bool, runs: list[uuid.UUID] | None, stale_after: float | None, **options) -> None:
+        report = reap(dry_run=dry_run, run_ids=runs, stale_after=stale_after)
+        prefix = "Would" if dry_run else "Did"
+        for finding in report.findings:
+            status = "ERROR " + finding.error if finding.error else (finding.detail if finding.done or dry_run else "")
+            self.stdout.write(f"{finding.run_id}  {finding.kind:<20} {status}")
+        if not report.findings:
+            self.stdout.write("Nothing to reconcile.")
+        else:
+            counts = ", ".join(f"{n} {kind}" for kind, n in report.as_dict()["counts"].items())
+            self.stdout.write(f"{prefix}: {counts}.")
+        if report.errors:
+            raise CommandError(f"{len(report.errors)} run(s) could not be reconciled; see above.")

@@ -1,0 +1,193 @@
+"""The reaper: finds runs nobody is advancing and repairs them.
+
+Run by the beat-scheduled `django_agentrun.reap` task and by `manage.py
+reconcile_runs` (the same code). Each finding is handled in its own short
+transaction, rows picked with `SELECT ... FOR UPDATE SKIP LOCKED` where the
+database has it, so two reapers at once never act on the same run twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connection, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from . import services
+from .conf import agentrun_settings
+from .models import Run, ToolCall
+from .states import RunState, ToolCallState
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Finding:
+    run_id: str
+    kind: str
+    detail: str = ""
+    done: bool = False
+    error: str = ""
+
+
+@dataclass
+class ReapReport:
+    findings: list[Finding] = field(default_factory=list)
+    dry_run: bool = False
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.error]
+
+    def as_dict(self) -> dict[str, Any]:
+        counts: dict[str, int] = {}
+        for finding in self.findings:
+            counts[finding.kind] = counts.get(finding.kind, 0) + 1
+        return {"dry_run": self.dry_run, "counts": counts, "errors": len(self.errors)}
+
+
+KINDS = {
+    "deadline": "past its deadline: time it out",
+    "approval_deadline": "approval past its deadline: time the run out",
+    "lease_expired": "its worker died (lease expired): recover in-flight calls, re-enqueue",
+    "recovery_exhausted": "crashed too often: fail with recovery_exhausted",
+    "not_picked_up": "nobody picked it up (message lost): re-enqueue",
+}
+
+
+def _locked(qs, batch: int) -> list[Run]:
+    if connection.features.has_select_for_update_skip_locked:
+        qs = qs.select_for_update(skip_locked=True)
+    return list(qs[:batch])
+
+
+def reap(
+    *,
+    now: datetime | None = None,
+    dry_run: bool = False,
+    run_ids: Iterable[Any] | None = None,
+    stale_after: float | None = None,
+    batch_size: int | None = None,
+) -> ReapReport:
+    """Find and repair stuck runs. `stale_after` (seconds) overrides AGENTRUN_QUEUED_STALE_SECONDS."""
+    now = now or timezone.now()
+    batch = batch_size or agentrun_settings.REAPER_BATCH_SIZE
+    stale = timedelta(
+        seconds=agentrun_settings.QUEUED_STALE_SECONDS if stale_after is None else stale_after
+    )
+    report = ReapReport(dry_run=dry_run)
+    base = Run.objects.all()
+    if run_ids is not None:
+        base = base.filter(pk__in=list(run_ids))
+
+    # Runs whose deadline passed and that no live worker will notice.
+    no_live_lease = Q(lease_owner="") | Q(lease_expires_at__lt=now)
+    _each(report, dry_run, "deadline", base.past_deadline(now).filter(no_live_lease), batch, _time_out)
+    waiting = ToolCall.objects.approval_expired(now).values("run_id")
+    _each(
+        report,
+        dry_run,
+        "approval_deadline",
+        base.filter(state=RunState.AWAITING_APPROVAL, pk__in=waiting),
+        batch,
+        _time_out_approval,
+    )
+    cap = agentrun_settings.MAX_RECOVERY_ATTEMPTS
+    expired = base.lease_expired(now).exclude(lease_owner="")
+    _each(report, dry_run, "recovery_exhausted", expired.filter(recovery_attempts__gte=cap), batch, _exhausted)
+    _each(report, dry_run, "lease_expired", expired.filter(recovery_attempts__lt=cap), batch, _recover)
+    lost = base.queued_stale(now - stale) | base.leased().filter(
+        lease_owner="", lease_expires_at__lt=now - stale
+    )
+    _each(report, dry_run, "not_picked_up", lost, batch, _requeue)
+    for finding in report.findings:
+        log = logger.error if finding.error else logger.info
+        log(
+            "Reaper %s run_id=%s %s%s",
+            finding.kind,
+            finding.run_id,
+            "(dry run) " if dry_run else "",
+            finding.error or finding.detail,
+        )
+    return report
+
+
+def _each(report: ReapReport, dry_run: bool, kind: str, qs, batch: int, act) -> None:
+    if dry_run:
+        for run in qs.order_by("pk")[:batch]:
+            report.findings.append(Finding(str(run.pk), kind, KINDS[kind]))
+        return
+    seen: set[Any] = set()
+    while True:
+        with transaction.atomic():
+            runs = [r for r in _locked(qs.exclude(pk__in=seen).order_by("pk"), batch)]
+            for run in runs:
+                seen.add(run.pk)
+                finding = Finding(str(run.pk), kind, KINDS[kind])
+                try:
+                    with transaction.atomic():
+                        finding.detail = act(run, now=timezone.now()) or finding.detail
+                        finding.done = True
+                except Exception as exc:  # noqa: BLE001 - one bad run must not stop the sweep
+                    finding.error = f"{type(exc).__name__}: {exc}"
+                report.findings.append(finding)
+        if len(runs) < batch:
+            return
+
+
+def _take(run: Run) -> services.Lease:
+    """Fence out any previous holder: bump the epoch under the row lock we hold."""
+    owner = f"reaper:{services.worker_identity()}"
+    Run.objects.filter(pk=run.pk).update(lease_owner=owner, lease_epoch=run.lease_epoch + 1)
+    run.lease_owner, run.lease_epoch = owner, run.lease_epoch + 1
+    return services.Lease(run.pk, owner, run.lease_epoch)
+
+
+def _time_out(run: Run, now: datetime) -> str:
+    services.close_run(run, _take(run), RunState.TIMED_OUT, "deadline passed")
+    return "timed out (run deadline)"
+
+
+def _time_out_approval(run: Run, now: datetime) -> str:
+    services.close_run(run, _take(run), RunState.TIMED_OUT, "approval deadline passed")
+    return "timed out (approval deadline)"
+
+
+def _exhausted(run: Run, now: datetime) -> str:
+    turn = run.turns.order_by("-index").first()
+    services.run_failed(
+        run,
+        _take(run),
+        code="recovery_exhausted",
+        message=(
+            f"The run's worker died {run.recovery_attempts + 1} times; not retrying again "
+            "(AGENTRUN_MAX_RECOVERY_ATTEMPTS)."
+        ),
+        phase="recovery",
+        turn=turn,
+    )
+    return "failed: recovery_exhausted"
+
+
+def _recover(run: Run, now: datetime) -> str:
+    """Apply the side-effect policy to stale in_flight calls, then wake a worker."""
+    from .engine.loop import recover_in_flight
+
+    in_flight = list(
+        run.tool_calls.filter(state=ToolCallState.IN_FLIGHT).values_list("tool_call_id", flat=True)
+    )
+    # The engine claims the expired lease itself (counting the recovery) after we commit.
+    transaction.on_commit(lambda: recover_in_flight(run.pk))
+    return f"re-enqueued; in-flight calls: {', '.join(in_flight) or 'none'}"
+
+
+def _requeue(run: Run, now: datetime) -> str:
+    fields: dict[str, Any] = {"queued_at": now} if run.state == RunState.QUEUED else {"lease_expires_at": now}
+    services._write_run(run, [("reaper_requeued", {"state": run.state})], fields=fields)
+    services._enqueue(run.pk)
+    return "re-enqueued"
