@@ -35,29 +35,35 @@ class _StreamHandle:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._response: httpx2.Response | None = None
-        self._cut = False
 
     def attach(self, response: httpx2.Response) -> None:
         with self._lock:
             self._response = response
 
-    def cut(self) -> None:
+    def detach(self) -> None:
+        """Called before the connection goes back to the pool: later cuts do nothing."""
         with self._lock:
-            response, self._cut = self._response, True
-        if response is None:
-            return  # not connected yet: the reader checks `abort` once it is
-        # Shutting the socket down wakes the reader blocked in recv() at once (a bare
-        # close() from another thread would not, on Linux); the reader then closes the
-        # response itself, so the connection pool is only touched from one thread.
-        network_stream = response.extensions.get("network_stream")
-        sock = network_stream.get_extra_info("socket") if network_stream is not None else None
-        if isinstance(sock, socket.socket):
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-                return
-            except OSError:
-                pass  # already closed or not connected: fall back to closing the response
-        response.close()
+            self._response = None
+
+    def cut(self) -> None:
+        # Under the lock, so detach() cannot return (and the pooled connection be reused
+        # by another thread) while this is still cutting it.
+        with self._lock:
+            response = self._response
+            if response is None:
+                return  # not connected yet (the reader checks `abort` once it is) or done
+            # Shutting the socket down wakes the reader blocked in recv() at once (a bare
+            # close() from another thread would not, on Linux); the reader then closes the
+            # response itself, so the connection pool is only touched from one thread.
+            network_stream = response.extensions.get("network_stream")
+            sock = network_stream.get_extra_info("socket") if network_stream is not None else None
+            if isinstance(sock, socket.socket):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                    return
+                except OSError:
+                    pass  # already closed or not connected: fall back to closing the response
+            response.close()
 
 
 class AnthropicModelClient:
@@ -134,24 +140,21 @@ class AnthropicModelClient:
         try:
             with self.client.messages.stream(**params) as stream:
                 handle.attach(stream.response)
-                if abort.aborted:  # fired while we waited for the response headers
-                    raise StreamAborted(f"model stream aborted: {abort.reason}")
-                for _event in stream:
-                    if abort.aborted:
-                        break
-                if abort.aborted:
-                    # Even a stream that happened to finish is dropped: the run was cancelled
-                    # or this worker lost its lease, so nothing may be recorded from it.
-                    raise StreamAborted(f"model stream aborted: {abort.reason}")
-                message = stream.get_final_message()
-                request_id = stream.request_id or getattr(message, "_request_id", None) or ""
+                try:
+                    message = self._read(stream, abort)
+                    request_id = stream.request_id or getattr(message, "_request_id", None) or ""
+                finally:
+                    handle.detach()
         except StreamAborted:
             raise
         except Exception as exc:
             if abort.aborted:
                 # Cutting the connection makes the reader fail; that is the abort, not an error.
                 raise StreamAborted(f"model stream aborted: {abort.reason}") from exc
-            raise self._model_error(exc, stream) from exc
+            error = self._model_error(exc, stream)
+            if error is exc:
+                raise
+            raise error from exc
         finally:
             remove()
         return ModelResponse(
@@ -165,6 +168,20 @@ class AnthropicModelClient:
         )
 
     # -- helpers ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _read(stream: Any, abort: AbortSignal) -> Any:
+        """Consume the stream (checking `abort` between events); the final Message."""
+        if abort.aborted:  # fired while we waited for the response headers
+            raise StreamAborted(f"model stream aborted: {abort.reason}")
+        for _event in stream:
+            if abort.aborted:
+                break
+        if abort.aborted:
+            # Even a stream that happened to finish is dropped: the run was cancelled or
+            # this worker lost its lease, so nothing may be recorded from it.
+            raise StreamAborted(f"model stream aborted: {abort.reason}")
+        return stream.get_final_message()
 
     @staticmethod
     def build_params(request: ModelRequest) -> dict[str, Any]:
