@@ -39,7 +39,7 @@ DEFAULTS: dict[str, Any] = {
     # Dotted path to the model client class (or factory).
     "MODEL_CLIENT": "django_agentrun.clients.anthropic.AnthropicModelClient",
     # SDK retries inside a worker (keep low: the engine does bounded, cancellable backoff).
-    "ANTHROPIC_MAX_RETRIES": 1,
+    "ANTHROPIC_MAX_RETRIES": 0,
     # Seconds before the SDK gives up on one request.
     "ANTHROPIC_TIMEOUT": 300.0,
     # Engine-level retries of a retryable model error (429/529/5xx/connection).

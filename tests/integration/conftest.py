@@ -1,0 +1,182 @@
+"""Real processes: Celery workers on Redis against the Postgres test database,
+a local Messages API server, and helpers to kill workers and wait for states.
+
+Worker subprocesses get the test database's name through the environment
+(AGENTRUN_TEST_DB_NAME), so tests here use `transactional_db`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+from tests.messages_api import MessagesAPIServer
+
+ROOT = Path(__file__).resolve().parents[2]
+REDIS_URL = os.environ.get("AGENTRUN_TEST_REDIS", "redis://127.0.0.1:6379")
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "tests/integration" in str(item.fspath):
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture
+def postgres(transactional_db):
+    if connection.vendor != "postgresql":
+        pytest.skip("needs Postgres (set DATABASE_URL)")
+    return connection.settings_dict["NAME"]
+
+
+@pytest.fixture
+def queue(settings) -> str:
+    """A queue of this test's own, so leftovers of other tests never reach its workers."""
+    name = f"agentrun-test-{uuid.uuid4().hex[:8]}"
+    settings.AGENTRUN_QUEUE = name
+    return name
+
+
+@pytest.fixture
+def test_log(tmp_path, monkeypatch) -> Path:
+    """The file the test tools append to (one line per execution), in every process."""
+    path = tmp_path / "executions.jsonl"
+    monkeypatch.setenv("AGENTRUN_TEST_LOG", str(path))
+    return path
+
+
+@pytest.fixture
+def messages_api() -> Iterator[MessagesAPIServer]:
+    with MessagesAPIServer() as server:
+        yield server
+
+
+class Workers:
+    """Start and kill real `celery worker` processes for one test."""
+
+    def __init__(self, db_name: str, queue: str, api: MessagesAPIServer | None, log: Path, tmp: Path):
+        self.db_name = db_name
+        self.queue = queue
+        self.api = api
+        self.log = log
+        self.tmp = tmp
+        self.procs: list[subprocess.Popen] = []
+        self.count = 0
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "tests.settings",
+            "AGENTRUN_TEST_DB_NAME": self.db_name,
+            "AGENTRUN_QUEUE": self.queue,
+            "AGENTRUN_TEST_LOG": str(self.log),
+            "AGENTRUN_TEST_BROKER_URL": os.environ.get("AGENTRUN_TEST_BROKER_URL", f"{REDIS_URL}/9"),
+            "AGENTRUN_LOG_LEVEL": "INFO",
+            "PYTHONUNBUFFERED": "1",
+        }
+        env.pop("AGENTRUN_FAILPOINTS", None)
+        if self.api is not None:
+            env.update(
+                AGENTRUN_MODEL_CLIENT="django_agentrun.clients.anthropic.AnthropicModelClient",
+                ANTHROPIC_BASE_URL=self.api.base_url,
+                ANTHROPIC_API_KEY="test-key",
+            )
+        env.update(extra)
+        return env
+
+    def start(self, *, pool: str = "solo", concurrency: int = 1, failpoints: str = "", **extra: str) -> subprocess.Popen:
+        self.count += 1
+        name = f"w{self.count}-{self.queue}@%h"
+        env = self.env(**extra)
+        if failpoints:
+            env["AGENTRUN_FAILPOINTS"] = failpoints
+        with open(self.tmp / f"worker{self.count}.log", "wb") as out:
+            proc = subprocess.Popen(
+                [
+                    sys.executable, "-m", "celery", "-A", "example_project", "worker",
+                    f"--pool={pool}", f"--concurrency={concurrency}", "-Q", self.queue, "-n", name,
+                    "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "info",
+                ],
+                cwd=ROOT,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        proc.log_path = self.tmp / f"worker{self.count}.log"  # type: ignore[attr-defined]
+        self.procs.append(proc)
+        return proc
+
+    def kill(self, proc: subprocess.Popen) -> None:
+        """SIGKILL the worker and every process of its group (a power cut)."""
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=10)
+
+    def wait_exit(self, proc: subprocess.Popen, timeout: float = 30) -> int:
+        return proc.wait(timeout=timeout)
+
+    def logs(self) -> str:
+        return "\n".join(
+            f"--- {p.log_path.name} ---\n{p.log_path.read_text(errors='replace')[-4000:]}"  # type: ignore[attr-defined]
+            for p in self.procs
+        )
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                    proc.wait(timeout=5)
+                except (ProcessLookupError, subprocess.TimeoutExpired):
+                    self.kill(proc)
+
+
+@pytest.fixture
+def workers(postgres, queue, test_log, tmp_path, request, settings) -> Iterator[Workers]:
+    api = request.getfixturevalue("messages_api") if "messages_api" in request.fixturenames else None
+    pool = Workers(postgres, queue, api, test_log, tmp_path)
+    yield pool
+    pool.stop_all()
+    _purge(queue)
+    if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
+        print(pool.logs())
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, f"rep_{report.when}", report)
+
+
+def _purge(queue: str) -> None:
+    from example_project.celery import app
+
+    try:
+        with app.connection_for_write() as conn:
+            conn.default_channel.queue_purge(queue)
+    except Exception:  # noqa: BLE001 - the queue may not exist
+        pass
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 30, interval: float = 0.1, message: str = "") -> object:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message or predicate}")
+        time.sleep(interval)
