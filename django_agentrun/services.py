@@ -123,14 +123,15 @@ def _write_run(
         params += [lease.epoch, lease.owner]
     sql = (
         f"UPDATE {qn(Run._meta.db_table)} SET {', '.join(sets)} WHERE {' AND '.join(where)} "
-        f"RETURNING {qn('last_seq')}, {qn('cancel_requested_at')} IS NOT NULL"
+        # The raw column, not `IS NOT NULL`: SQLite 3.40 evaluates that wrongly in RETURNING.
+        f"RETURNING {qn('last_seq')}, {qn('cancel_requested_at')}"
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
     if row is None:
         _refused(run, lease, old_state)
-    last_seq, cancel_requested = int(row[0]), bool(row[1])
+    last_seq, cancel_requested = int(row[0]), row[1] is not None
     first = last_seq - len(events) + 1
     if events:
         RunEvent.objects.bulk_create(
@@ -720,7 +721,7 @@ def renew_lease(lease: Lease) -> tuple[bool, bool]:
     sql = (
         f"UPDATE {qn(Run._meta.db_table)} SET {qn('lease_expires_at')} = %s "
         f"WHERE {qn('id')} = %s AND {qn('lease_epoch')} = %s AND {qn('lease_owner')} = %s "
-        f"RETURNING {qn('cancel_requested_at')} IS NOT NULL"
+        f"RETURNING {qn('cancel_requested_at')}"
     )
     with connection.cursor() as cursor:
         cursor.execute(
@@ -730,7 +731,7 @@ def renew_lease(lease: Lease) -> tuple[bool, bool]:
         row = cursor.fetchone()
     if row is None:
         return False, False
-    return True, bool(row[0])
+    return True, row[0] is not None
 
 
 def poll_cancel(lease: Lease) -> tuple[bool, bool]:

@@ -750,6 +750,10 @@ class _Step:
         old = _set_state(turn, TurnState.COMPLETED)
         _save(turn, old, finished_at=timezone.now())
         events.append(("turn_completed", {"turn_index": turn.index, "turn_state": turn.state}))
+        if self.abort.aborted:
+            # Cancelled while the last tool ran: keep its result, let _interrupted end the run.
+            self._fenced(events, incr=incr)
+            return
         if turn.is_final:
             self._complete("max_turns", events, incr=incr)
         self._continue(events, incr=incr)

@@ -109,3 +109,26 @@ ALL_TOOLS = [lookup, save_note, send_message, charge_card, delete_account, fail_
 
 Agent(name="test-agent", model="claude-sonnet-4-5", system="You are a test agent.", tools=ALL_TOOLS, max_turns=10)
 Agent(name="tiny-budget", model="claude-sonnet-4-5", tools=ALL_TOOLS, budget=Budget(max_output_tokens=5000), max_tokens=2000)
+Agent(name="two-turns", model="claude-sonnet-4-5", tools=ALL_TOOLS, max_turns=2)
+Agent(name="capped", model="claude-sonnet-4-5", tools=ALL_TOOLS, max_tool_calls_per_turn=2)
+Agent(
+    name="budgeted",
+    model="claude-sonnet-4-5",
+    tools=ALL_TOOLS,
+    max_tokens=1000,
+    budget=Budget(max_output_tokens=2500),
+)
+Agent(
+    name="cache-budget",
+    model="claude-sonnet-4-5",
+    tools=ALL_TOOLS,
+    max_tokens=500,
+    budget=Budget(max_cache_read_tokens=6000),
+)
+Agent(
+    name="cost-budget",
+    model="claude-sonnet-4-5",
+    tools=ALL_TOOLS,
+    max_tokens=500,
+    budget=Budget(max_cost_usd=0.05),
+)
