@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from datetime import timedelta
 from pathlib import Path
 
 from django_agentrun import Agent, Budget, Reconciliation, SideEffect, ToolContext, ToolError, tool
@@ -131,4 +132,33 @@ Agent(
     tools=ALL_TOOLS,
     max_tokens=500,
     budget=Budget(max_cost_usd=0.05),
+)
+
+
+def _big_refund(arguments: dict, run) -> bool:
+    return arguments["amount_cents"] > 10_000
+
+
+@tool(side_effect=SideEffect.NON_IDEMPOTENT, requires_approval=_big_refund)
+def refund(ctx: ToolContext, amount_cents: int) -> str:
+    """Refund money; large refunds need a person's approval."""
+    record("refund", key=ctx.idempotency_key, amount=amount_cents)
+    return f"refunded {amount_cents}"
+
+
+@tool(side_effect=SideEffect.ATOMIC)
+def bump_counter(ctx: ToolContext, name: str) -> int:
+    """Increment a counter row (ORM only, inside the result's transaction)."""
+    from django.contrib.auth.models import Group
+
+    group, _ = Group.objects.get_or_create(name=f"counter-{name}")
+    record("bump_counter", key=ctx.idempotency_key)
+    return group.pk
+
+
+Agent(
+    name="approvals",
+    model="claude-sonnet-4-5",
+    tools=[*ALL_TOOLS, refund, bump_counter],
+    approval_timeout=timedelta(hours=1),
 )
