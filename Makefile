@@ -1,29 +1,43 @@
-# The README's commands. `make test` is what CI runs.
-PYTHON ?= python
+# The README's commands: `make demo` and `make test` (what CI runs).
+VENV ?= .venv
+PYTHON := $(VENV)/bin/python
 PG_URL ?= postgres://postgres@127.0.0.1:5432/agentrun
 
-.PHONY: test lint checks test-sqlite test-postgres demo bench
+.PHONY: test lint checks test-sqlite test-postgres demo bench bench-quick install
 
-test: lint checks test-sqlite test-postgres
+# A virtualenv with the project and its test dependencies, rebuilt when pyproject changes.
+$(VENV)/.installed: pyproject.toml
+	test -x $(PYTHON) || python3 -m venv $(VENV)
+	$(PYTHON) -m pip install -q --upgrade pip
+	$(PYTHON) -m pip install -q -e ".[test]"
+	touch $@
 
-lint:
+install: $(VENV)/.installed
+
+test: install lint checks test-sqlite test-postgres
+
+lint: install
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m ruff format --check .
 
-checks:
-	DJANGO_SETTINGS_MODULE=example_project.settings $(PYTHON) manage.py check --fail-level WARNING
-	DJANGO_SETTINGS_MODULE=example_project.settings $(PYTHON) manage.py makemigrations --check --dry-run
+checks: install
+	env -u DATABASE_URL DJANGO_SETTINGS_MODULE=example_project.settings $(PYTHON) manage.py check --fail-level WARNING
+	env -u DATABASE_URL DJANGO_SETTINGS_MODULE=example_project.settings $(PYTHON) manage.py makemigrations --check --dry-run
 
 # The unit tier needs no services: SQLite in memory, scripted model client.
-test-sqlite:
+test-sqlite: install
 	env -u DATABASE_URL $(PYTHON) -m pytest tests/unit -q
 
 # Everything on Postgres, with Redis and real Celery worker processes.
-test-postgres:
+test-postgres: install
 	DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest tests -q
 
-demo:
+# The seed's scenario with real processes; SQLite and a server-less broker unless told otherwise.
+demo: install
 	$(PYTHON) manage.py agentrun_demo
 
-bench:
+bench: install
 	DATABASE_URL=$(PG_URL) $(PYTHON) bench/run.py
+
+bench-quick: install
+	DATABASE_URL=$(PG_URL) $(PYTHON) bench/run.py --quick
