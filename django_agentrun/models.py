@@ -478,6 +478,17 @@ class ToolCall(FSMModelMixin, models.Model):
 
 
 class RunEventQuerySet(models.QuerySet["RunEvent"]):
+    def bulk_create(self, objs, *args: Any, **kwargs: Any):
+        if kwargs.get("update_conflicts") or kwargs.get("ignore_conflicts"):
+            raise AppendOnlyError("Run events are append-only: bulk_create cannot upsert or skip.")
+        return super().bulk_create(objs, *args, **kwargs)
+
+    def bulk_update(self, *args: Any, **kwargs: Any) -> int:
+        raise AppendOnlyError("Run events are append-only: bulk_update() is refused.")
+
+    def update_or_create(self, *args: Any, **kwargs: Any):
+        raise AppendOnlyError("Run events are append-only: update_or_create() is refused.")
+
     def update(self, **kwargs: Any) -> int:
         raise AppendOnlyError("Run events are append-only: QuerySet.update() is refused.")
 
@@ -498,6 +509,7 @@ class RunEvent(models.Model):
 
     class Meta:
         ordering = ["run", "seq"]
+        base_manager_name = "objects"
         constraints = [
             models.UniqueConstraint(fields=["run", "seq"], name="agentrun_runevent_seq"),
         ]
@@ -506,8 +518,10 @@ class RunEvent(models.Model):
         return f"#{self.seq} {self.type}"
 
     def save(self, *args: Any, **kwargs: Any) -> None:
-        if not self._state.adding:
+        if not self._state.adding or kwargs.get("force_update") or kwargs.get("update_fields"):
             raise AppendOnlyError(f"Run event #{self.seq} cannot be changed: events are append-only.")
+        # Always an INSERT: a new instance carrying an existing pk fails instead of overwriting.
+        kwargs["force_insert"] = True
         super().save(*args, **kwargs)
 
     def delete(self, *args: Any, **kwargs: Any):

@@ -76,7 +76,7 @@ def _transition(obj: Any, target: str) -> str:
         getattr(obj, f"to_{target}")()
     except TransitionNotAllowed as exc:
         raise InvalidTransition(
-            f"{type(obj).__name__} {obj.pk}: cannot go from {old!r} to {target!r}"
+            f"{type(obj).__name__} {obj.pk}: cannot go from '{old}' to '{target}'"
         ) from exc
     return old
 
@@ -105,8 +105,12 @@ def _write_run(
     qn = connection.ops.quote_name
     sets, params = [], []
     for name, value in fields.items():
+        model_field = Run._meta.get_field(name)
+        if model_field.is_relation:  # a foreign key: write its id
+            value = getattr(value, "pk", value)
+            model_field = model_field.target_field
         sets.append(f"{qn(Run._meta.get_field(name).column)} = %s")
-        params.append(_db(Run, name, value))
+        params.append(model_field.get_db_prep_save(value, connection))
     for name, delta in (incr or {}).items():
         column = qn(Run._meta.get_field(name).column)
         sets.append(f"{column} = {column} + %s")
@@ -231,6 +235,12 @@ def _validate_input(value: Any) -> Any:
         for i, block in enumerate(value):
             if not isinstance(block, dict) or not isinstance(block.get("type"), str):
                 raise InvalidInput(f"input[{i}] must be a content block with a 'type'.")
+            if block["type"] == "text" and not (
+                isinstance(block.get("text"), str) and block["text"].strip()
+            ):
+                raise InvalidInput(f"input[{i}] is a text block without text.")
+            if block["type"] in ("tool_use", "tool_result"):
+                raise InvalidInput(f"input[{i}]: {block['type']} blocks cannot start a run.")
         return value
     raise InvalidInput("The input must be a non-empty string or a non-empty list of content blocks.")
 

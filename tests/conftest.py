@@ -16,6 +16,29 @@ def _fresh_client_cache():
     reset_model_client_cache()
 
 
+_DB_FIXTURES = ("transactional_db", "db", "postgres", "live_server")
+
+
+@pytest.fixture(autouse=True)
+def _every_run_projects(request):
+    """Invariant 7 on every run any test creates: the events alone rebuild the rows."""
+    names = request.fixturenames
+    marker = request.node.get_closest_marker("django_db")
+    if request.node.get_closest_marker("no_projection_check") or not (
+        marker or any(n in names for n in _DB_FIXTURES)
+    ):
+        yield
+        return
+    transactional = "transactional_db" in names or "postgres" in names or (
+        marker is not None and marker.kwargs.get("transaction")
+    )
+    # Set the database up first, so this teardown runs before it is rolled back or flushed.
+    request.getfixturevalue("transactional_db" if transactional else "db")
+    yield
+    for run in Run.objects.all():
+        assert_projection_matches(run)
+
+
 def assert_projection_matches(run: Run) -> None:
     """The events alone rebuild the run's states, usage and history."""
     from django_agentrun.engine.loop import _Step  # noqa: F401 - history from rows

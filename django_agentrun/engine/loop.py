@@ -556,6 +556,9 @@ class _Step:
                 if not call.approved and tool.needs_approval(call.arguments, self.run_obj):
                     self._park_approval(call, tool)
                 self._execute(turn, call, tool)
+        # Every call is closed but the turn is not (a person closed the last one): close it.
+        with self._tx():
+            self._close_turn(turn, [])
 
     def _check_abort(self) -> None:
         if self.abort.aborted:
