@@ -247,7 +247,7 @@ def test_approve__bulk_action(client, approver, parked):
 
 
 def test_reject__with_reason_on_the_page(client, approver, parked):
-    run, call, _ = parked
+    run, call, model = parked
     client.force_login(approver)
     token = services.approval_token(call)
     response = client.post(
@@ -262,6 +262,9 @@ def test_reject__with_reason_on_the_page(client, approver, parked):
     assert call.is_error is True
     assert call.decision_note == "bob is a <VIP>"
     assert "bob is a &lt;VIP&gt;" in response.text  # shown escaped on the call page
+    # The model gets the rejection as the tool result and finishes.
+    assert drive(run, model)[-1] == Outcome.FINISHED
+    assert run.state == RunState.COMPLETED
 
 
 def test_reject__bulk_action_asks_for_a_reason(client, approver, parked):
@@ -407,11 +410,6 @@ def test_resolve_unknown__mark_done_on_the_page(client, approver, unknown):
     assert run.state == RunState.AWAITING_TOOL
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine bug: a turn whose last open call was closed by a person (done/fail/reject) "
-    "is never completed; advance() returns 'continued' forever and the run stays awaiting_tool",
-)
 def test_resolve_unknown__mark_done_then_the_run_completes(client, approver, unknown):
     run, call, model = unknown
     client.force_login(approver)
@@ -467,14 +465,6 @@ def test_resolve_unknown__fail_on_the_page(client, approver, unknown):
 
 
 # --------------------------------------------------------------------------- runs
-
-
-CANCEL_BY_USER_BUG = pytest.mark.xfail(
-    strict=True,
-    raises=TypeError,
-    reason="services bug: cancel_run(run, by=<User>) passes the User instance as the raw SQL "
-    "parameter of cancel_requested_by in _write_run (TypeError: Field 'id' expected a number)",
-)
 
 
 @pytest.fixture
@@ -539,7 +529,6 @@ def test_resume__page_button(client, operator, failed_run):
     assert errors(response) and "cannot go from 'queued'" in errors(response)[0]
 
 
-@CANCEL_BY_USER_BUG
 def test_cancel__list_action(client, operator, parked):
     run, call, _ = parked
     client.force_login(operator)
@@ -555,7 +544,6 @@ def test_cancel__list_action(client, operator, parked):
     assert call.state == ToolCallState.CANCELLED
 
 
-@CANCEL_BY_USER_BUG
 def test_cancel__page_button(client, operator, parked):
     run, _, _ = parked
     client.force_login(operator)
