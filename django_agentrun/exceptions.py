@@ -48,6 +48,12 @@ class ApprovalError(AgentRunError):
     code = "approval_error"
 
 
+class InvalidArguments(ApprovalError):
+    """The edited arguments do not match the tool's input schema."""
+
+    code = "invalid_arguments"
+
+
 class InvalidToken(ApprovalError):
     """The approval token is invalid, stale or forged."""
 

@@ -30,6 +30,7 @@ from .exceptions import (
     ApprovalError,
     ConcurrentUpdate,
     IdempotencyConflict,
+    InvalidArguments,
     InvalidInput,
     InvalidToken,
     InvalidTransition,
@@ -522,7 +523,7 @@ def approve_tool_call(
             try:
                 canonical = tool.validate(arguments)
             except ToolArgumentsError as exc:
-                raise ApprovalError(str(exc)) from exc
+                raise InvalidArguments(str(exc)) from exc
             if canonical != call.arguments:
                 fields.update(
                     original_arguments=call.original_arguments or call.arguments,
@@ -579,6 +580,7 @@ def resolve_tool_call(
     action: str,
     result: Any = None,
     note: str = "",
+    token: str | None = None,
 ) -> ToolCall:
     """A person settles a call whose outcome is unknown: `done` (with its result),
     `retry` (one new attempt) or `fail` (an is_error result)."""
@@ -588,6 +590,8 @@ def resolve_tool_call(
         call, run = _lock_call(tool_call)
         if call.state != ToolCallState.UNKNOWN:
             raise ApprovalError(f"Tool call {call.tool_call_id} is {call.state}, not unknown.")
+        if token is not None:
+            check_approval_token(call, token)
         decided = {
             "decided_by": by if getattr(by, "pk", None) else None,
             "decided_at": timezone.now(),

@@ -76,6 +76,12 @@ def advance(
     except LeaseLost:
         logger.warning("Lease lost run_id=%s epoch=%s", run_id, lease.epoch)
         return Outcome.LEASE_LOST
+    except Exception:
+        # Treat it like a crash: the lease lapses, the reaper recovers the run and counts
+        # the recovery, so a poison step ends as recovery_exhausted instead of looping.
+        logger.exception("Advancing failed run_id=%s epoch=%s", run_id, lease.epoch)
+        step.released = True
+        raise
     finally:
         if beat is not None:
             beat.stop()
