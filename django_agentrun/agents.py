@@ -93,7 +93,9 @@ class Agent:
             "max_tokens": self.max_tokens or s.DEFAULT_MAX_TOKENS,
             "budget": self.budget.as_dict(),
             "repeat_threshold": self.repeat_threshold or s.REPEAT_THRESHOLD,
-            "prompt_caching": s.PROMPT_CACHING if self.prompt_caching is None else self.prompt_caching,
+            "prompt_caching": s.PROMPT_CACHING
+            if self.prompt_caching is None
+            else self.prompt_caching,
             "approval_timeout_seconds": (
                 self.approval_timeout.total_seconds() if self.approval_timeout else None
             ),

@@ -121,7 +121,10 @@ def check_agents(app_configs: Any = None, **kwargs: Any) -> list:
     found = []
     for agent in registered_agents().values():
         snapshot_model = agent.model or agentrun_settings.DEFAULT_MODEL
-        if agent.budget.max_cost_usd is not None and agentrun_settings.price_for(snapshot_model) is None:
+        if (
+            agent.budget.max_cost_usd is not None
+            and agentrun_settings.price_for(snapshot_model) is None
+        ):
             found.append(
                 checks.Error(
                     f"Agent {agent.name!r} has a cost budget but model {snapshot_model!r} has no price.",

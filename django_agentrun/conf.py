@@ -18,7 +18,12 @@ DEFAULT_PRICES: dict[str, dict[str, float]] = {
     "claude-sonnet-4-5": {"input": 3.0, "output": 15.0, "cache_write": 3.75, "cache_read": 0.3},
     "claude-sonnet-4-0": {"input": 3.0, "output": 15.0, "cache_write": 3.75, "cache_read": 0.3},
     "claude-haiku-4-5": {"input": 1.0, "output": 5.0, "cache_write": 1.25, "cache_read": 0.1},
-    "claude-3-5-haiku-latest": {"input": 0.8, "output": 4.0, "cache_write": 1.0, "cache_read": 0.08},
+    "claude-3-5-haiku-latest": {
+        "input": 0.8,
+        "output": 4.0,
+        "cache_write": 1.0,
+        "cache_read": 0.08,
+    },
 }
 
 DEFAULTS: dict[str, Any] = {

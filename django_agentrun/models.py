@@ -98,7 +98,8 @@ class Run(FSMModelMixin, models.Model):
         related_name="agent_runs",
     )
     metadata = models.JSONField(default=dict, blank=True)
-    idempotency_key = models.CharField(max_length=200, null=True, blank=True)
+    # NULL, not "": runs without a key must not collide in the unique constraints.
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
 
     # Usage totals, named like the API's usage keys; counted once per recorded response.
     input_tokens = models.BigIntegerField(default=0)
@@ -184,11 +185,15 @@ class Run(FSMModelMixin, models.Model):
         return f"{self.agent} run {self.id} ({self.state})"
 
     # Transitions: one per target state, sources from RUN_TRANSITIONS.
-    @transition(field=state, source=sources_of(RUN_TRANSITIONS, RunState.QUEUED), target=RunState.QUEUED)
+    @transition(
+        field=state, source=sources_of(RUN_TRANSITIONS, RunState.QUEUED), target=RunState.QUEUED
+    )
     def to_queued(self) -> None:
         pass
 
-    @transition(field=state, source=sources_of(RUN_TRANSITIONS, RunState.RUNNING), target=RunState.RUNNING)
+    @transition(
+        field=state, source=sources_of(RUN_TRANSITIONS, RunState.RUNNING), target=RunState.RUNNING
+    )
     def to_running(self) -> None:
         pass
 
@@ -208,19 +213,33 @@ class Run(FSMModelMixin, models.Model):
     def to_awaiting_approval(self) -> None:
         pass
 
-    @transition(field=state, source=sources_of(RUN_TRANSITIONS, RunState.COMPLETED), target=RunState.COMPLETED)
+    @transition(
+        field=state,
+        source=sources_of(RUN_TRANSITIONS, RunState.COMPLETED),
+        target=RunState.COMPLETED,
+    )
     def to_completed(self) -> None:
         pass
 
-    @transition(field=state, source=sources_of(RUN_TRANSITIONS, RunState.FAILED), target=RunState.FAILED)
+    @transition(
+        field=state, source=sources_of(RUN_TRANSITIONS, RunState.FAILED), target=RunState.FAILED
+    )
     def to_failed(self) -> None:
         pass
 
-    @transition(field=state, source=sources_of(RUN_TRANSITIONS, RunState.CANCELLED), target=RunState.CANCELLED)
+    @transition(
+        field=state,
+        source=sources_of(RUN_TRANSITIONS, RunState.CANCELLED),
+        target=RunState.CANCELLED,
+    )
     def to_cancelled(self) -> None:
         pass
 
-    @transition(field=state, source=sources_of(RUN_TRANSITIONS, RunState.TIMED_OUT), target=RunState.TIMED_OUT)
+    @transition(
+        field=state,
+        source=sources_of(RUN_TRANSITIONS, RunState.TIMED_OUT),
+        target=RunState.TIMED_OUT,
+    )
     def to_timed_out(self) -> None:
         pass
 
@@ -283,15 +302,25 @@ class Turn(FSMModelMixin, models.Model):
     def to_awaiting_tool(self) -> None:
         pass
 
-    @transition(field=state, source=sources_of(TURN_TRANSITIONS, TurnState.COMPLETED), target=TurnState.COMPLETED)
+    @transition(
+        field=state,
+        source=sources_of(TURN_TRANSITIONS, TurnState.COMPLETED),
+        target=TurnState.COMPLETED,
+    )
     def to_completed(self) -> None:
         pass
 
-    @transition(field=state, source=sources_of(TURN_TRANSITIONS, TurnState.CANCELLED), target=TurnState.CANCELLED)
+    @transition(
+        field=state,
+        source=sources_of(TURN_TRANSITIONS, TurnState.CANCELLED),
+        target=TurnState.CANCELLED,
+    )
     def to_cancelled(self) -> None:
         pass
 
-    @transition(field=state, source=sources_of(TURN_TRANSITIONS, TurnState.FAILED), target=TurnState.FAILED)
+    @transition(
+        field=state, source=sources_of(TURN_TRANSITIONS, TurnState.FAILED), target=TurnState.FAILED
+    )
     def to_failed(self) -> None:
         pass
 
@@ -323,7 +352,9 @@ class ToolCall(FSMModelMixin, models.Model):
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="tool_calls")
     turn = models.ForeignKey(Turn, on_delete=models.CASCADE, related_name="tool_calls")
     turn_index = models.PositiveIntegerField()
-    tool_call_id = models.CharField(max_length=200, help_text="The model's tool_use id (toolu_...).")
+    tool_call_id = models.CharField(
+        max_length=200, help_text="The model's tool_use id (toolu_...)."
+    )
     position = models.PositiveIntegerField()
     name = models.CharField(max_length=200)
     arguments = models.JSONField(default=dict, help_text="Canonical arguments (as validated).")
@@ -519,7 +550,9 @@ class RunEvent(models.Model):
 
     def save(self, *args: Any, **kwargs: Any) -> None:
         if not self._state.adding or kwargs.get("force_update") or kwargs.get("update_fields"):
-            raise AppendOnlyError(f"Run event #{self.seq} cannot be changed: events are append-only.")
+            raise AppendOnlyError(
+                f"Run event #{self.seq} cannot be changed: events are append-only."
+            )
         # Always an INSERT: a new instance carrying an existing pk fails instead of overwriting.
         kwargs["force_insert"] = True
         super().save(*args, **kwargs)

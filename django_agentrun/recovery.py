@@ -87,7 +87,9 @@ def reap(
 
     # Runs whose deadline passed and that no live worker will notice.
     no_live_lease = Q(lease_owner="") | Q(lease_expires_at__lt=now)
-    _each(report, dry_run, "deadline", base.past_deadline(now).filter(no_live_lease), batch, _time_out)
+    _each(
+        report, dry_run, "deadline", base.past_deadline(now).filter(no_live_lease), batch, _time_out
+    )
     waiting = ToolCall.objects.approval_expired(now).values("run_id")
     _each(
         report,
@@ -99,8 +101,17 @@ def reap(
     )
     cap = agentrun_settings.MAX_RECOVERY_ATTEMPTS
     expired = base.lease_expired(now).exclude(lease_owner="")
-    _each(report, dry_run, "recovery_exhausted", expired.filter(recovery_attempts__gte=cap), batch, _exhausted)
-    _each(report, dry_run, "lease_expired", expired.filter(recovery_attempts__lt=cap), batch, _recover)
+    _each(
+        report,
+        dry_run,
+        "recovery_exhausted",
+        expired.filter(recovery_attempts__gte=cap),
+        batch,
+        _exhausted,
+    )
+    _each(
+        report, dry_run, "lease_expired", expired.filter(recovery_attempts__lt=cap), batch, _recover
+    )
     lost = base.queued_stale(now - stale) | base.leased().filter(
         lease_owner="", lease_expires_at__lt=now - stale
     )
@@ -187,7 +198,9 @@ def _recover(run: Run, now: datetime) -> str:
 
 
 def _requeue(run: Run, now: datetime) -> str:
-    fields: dict[str, Any] = {"queued_at": now} if run.state == RunState.QUEUED else {"lease_expires_at": now}
+    fields: dict[str, Any] = (
+        {"queued_at": now} if run.state == RunState.QUEUED else {"lease_expires_at": now}
+    )
     services._write_run(run, [("reaper_requeued", {"state": run.state})], fields=fields)
     services._enqueue(run.pk)
     return "re-enqueued"

@@ -37,7 +37,7 @@ from .exceptions import (
     LeaseLost,
     RunNotActive,
 )
-from .models import Run, RunEvent, ToolCall, Turn, idempotency_key_for
+from .models import Run, RunEvent, ToolCall, Turn
 from .states import (
     RUN_ACTIVE,
     ResultSource,
@@ -243,7 +243,9 @@ def _validate_input(value: Any) -> Any:
             if block["type"] in ("tool_use", "tool_result"):
                 raise InvalidInput(f"input[{i}]: {block['type']} blocks cannot start a run.")
         return value
-    raise InvalidInput("The input must be a non-empty string or a non-empty list of content blocks.")
+    raise InvalidInput(
+        "The input must be a non-empty string or a non-empty list of content blocks."
+    )
 
 
 def start_run(
@@ -373,7 +375,9 @@ def _close_run(
     text = message or (
         f"Cancelled: {reason}" if target == RunState.CANCELLED else f"Timed out: {reason}"
     )
-    turn = run.turns.exclude(state__in=[TurnState.COMPLETED, TurnState.CANCELLED, TurnState.FAILED]).first()
+    turn = run.turns.exclude(
+        state__in=[TurnState.COMPLETED, TurnState.CANCELLED, TurnState.FAILED]
+    ).first()
     if turn is not None:
         for call in turn.tool_calls.open():
             events += _close_call(
@@ -452,7 +456,9 @@ def approval_token(call: ToolCall) -> str:
 
 def check_approval_token(call: ToolCall, token: str) -> None:
     try:
-        data = signing.loads(token, salt=TOKEN_SALT, max_age=agentrun_settings.APPROVAL_TOKEN_MAX_AGE)
+        data = signing.loads(
+            token, salt=TOKEN_SALT, max_age=agentrun_settings.APPROVAL_TOKEN_MAX_AGE
+        )
     except signing.BadSignature as exc:
         raise InvalidToken("The approval token is invalid or expired.") from exc
     if data.get("tc") != call.pk or data.get("h") != call.arguments_hash:
@@ -472,9 +478,7 @@ def _lock_call(tool_call: ToolCall | Any) -> tuple[ToolCall, Run]:
 
 def _after_decision(run: Run, call: ToolCall, events: list[Event]) -> None:
     """When no call of the turn waits for a person any more, the run goes on."""
-    waiting = (
-        call.turn.tool_calls.pending_decision().exclude(pk=call.pk).exists()
-    )
+    waiting = call.turn.tool_calls.pending_decision().exclude(pk=call.pk).exists()
     if run.state == RunState.AWAITING_APPROVAL and not waiting:
         old = _set_state(run, RunState.AWAITING_TOOL)
         events.append(("run_continued", {"run_state": run.state}))
@@ -638,7 +642,9 @@ def resolve_tool_call(
         else:
             raise ApprovalError(f"Unknown action {action!r}: use done, retry or fail.")
         _after_decision(run, call, events)
-    logger.info("Tool call resolved run_id=%s tool_call_id=%s action=%s", run.pk, call.tool_call_id, action)
+    logger.info(
+        "Tool call resolved run_id=%s tool_call_id=%s action=%s", run.pk, call.tool_call_id, action
+    )
     return call
 
 
@@ -718,7 +724,11 @@ def claim_run(run_id: Any, owner: str, *, steal_from: str | None = None) -> Leas
         row = cursor.fetchone()
     if row is None:
         return None
-    return Lease(run_id=run_id if isinstance(run_id, uuid.UUID) else uuid.UUID(str(run_id)), owner=owner, epoch=int(row[0]))
+    return Lease(
+        run_id=run_id if isinstance(run_id, uuid.UUID) else uuid.UUID(str(run_id)),
+        owner=owner,
+        epoch=int(row[0]),
+    )
 
 
 def release_lease(lease: Lease) -> None:
@@ -740,7 +750,12 @@ def renew_lease(lease: Lease) -> tuple[bool, bool]:
     with connection.cursor() as cursor:
         cursor.execute(
             sql,
-            [_db(Run, "lease_expires_at", expires), _db(Run, "id", lease.run_id), lease.epoch, lease.owner],
+            [
+                _db(Run, "lease_expires_at", expires),
+                _db(Run, "id", lease.run_id),
+                lease.epoch,
+                lease.owner,
+            ],
         )
         row = cursor.fetchone()
     if row is None:
@@ -778,7 +793,11 @@ def run_failed(
     """End the run as failed with a structured error (inside the caller's transaction)."""
     events = list(events or [])
     now = timezone.now()
-    if turn is not None and turn.state not in (TurnState.COMPLETED, TurnState.CANCELLED, TurnState.FAILED):
+    if turn is not None and turn.state not in (
+        TurnState.COMPLETED,
+        TurnState.CANCELLED,
+        TurnState.FAILED,
+    ):
         for call in turn.tool_calls.open():
             events += _close_call(
                 call,

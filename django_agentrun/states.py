@@ -93,7 +93,14 @@ RUN_ACTIVE = frozenset({_R.QUEUED, _R.RUNNING, _R.AWAITING_TOOL, _R.AWAITING_APP
 RUN_TRANSITIONS: dict[str, frozenset[str]] = {
     _R.QUEUED: frozenset({_R.RUNNING, _R.CANCELLED, _R.TIMED_OUT}),
     _R.RUNNING: frozenset(
-        {_R.AWAITING_TOOL, _R.AWAITING_APPROVAL, _R.COMPLETED, _R.FAILED, _R.CANCELLED, _R.TIMED_OUT}
+        {
+            _R.AWAITING_TOOL,
+            _R.AWAITING_APPROVAL,
+            _R.COMPLETED,
+            _R.FAILED,
+            _R.CANCELLED,
+            _R.TIMED_OUT,
+        }
     ),
     _R.AWAITING_TOOL: frozenset(
         {_R.RUNNING, _R.AWAITING_APPROVAL, _R.FAILED, _R.CANCELLED, _R.TIMED_OUT}

@@ -31,7 +31,7 @@ def advance_run(self, run_id: str) -> str:
     except (OperationalError, InterfaceError) as exc:
         # A database hiccup: the lease (if any) lapses, and a retry or the reaper goes on.
         logger.warning("Database error advancing run_id=%s; retrying", run_id, exc_info=True)
-        raise self.retry(exc=exc, countdown=min(2 ** self.request.retries, 30)) from exc
+        raise self.retry(exc=exc, countdown=min(2**self.request.retries, 30)) from exc
     logger.debug("advance_run run_id=%s outcome=%s", run_id, outcome)
     return outcome
 

@@ -29,8 +29,15 @@ def text(value: str) -> dict[str, Any]:
     return {"type": "text", "text": value}
 
 
-def tool_use(name: str, input: dict[str, Any] | None = None, id: str | None = None) -> dict[str, Any]:
-    return {"type": "tool_use", "id": id or f"toolu_{next(_ids):024d}", "name": name, "input": input or {}}
+def tool_use(
+    name: str, input: dict[str, Any] | None = None, id: str | None = None
+) -> dict[str, Any]:
+    return {
+        "type": "tool_use",
+        "id": id or f"toolu_{next(_ids):024d}",
+        "name": name,
+        "input": input or {},
+    }
 
 
 @dataclass
@@ -42,7 +49,12 @@ class Reply:
     error: ModelError | None = None
 
 
-def reply(*content: dict[str, Any], stop_reason: str | None = None, usage: dict[str, int] | None = None, delay: float = 0.0) -> Reply:
+def reply(
+    *content: dict[str, Any],
+    stop_reason: str | None = None,
+    usage: dict[str, int] | None = None,
+    delay: float = 0.0,
+) -> Reply:
     return Reply(list(content), stop_reason, Usage(**usage) if usage else None, delay)
 
 
@@ -89,7 +101,9 @@ class ScriptedClient:
     def _by_step(self, step: int) -> Reply:
         assert isinstance(self.script, list)
         if step >= len(self.script):
-            raise ModelError(f"ScriptedClient: no reply scripted for step {step}", retryable=False, status=400)
+            raise ModelError(
+                f"ScriptedClient: no reply scripted for step {step}", retryable=False, status=400
+            )
         found = self.script[step]
         if found.error is not None:
             # An error reply fails once, then the next entry answers the same step.

@@ -208,7 +208,11 @@ class Tool:
 
     def definition(self) -> dict[str, Any]:
         """The tool as the Messages API declares it."""
-        return {"name": self.name, "description": self.description, "input_schema": self.input_schema()}
+        return {
+            "name": self.name,
+            "description": self.description,
+            "input_schema": self.input_schema(),
+        }
 
     def validate(self, arguments: Any) -> dict[str, Any]:
         """Canonical, validated arguments, or ToolArgumentsError with a message for the model."""
@@ -223,7 +227,9 @@ class Tool:
                 f"{'.'.join(str(p) for p in err['loc']) or '(arguments)'}: {err['msg']}"
                 for err in exc.errors(include_url=False, include_input=False)
             )
-            raise ToolArgumentsError(f"Invalid arguments for tool {self.name}: {problems}") from None
+            raise ToolArgumentsError(
+                f"Invalid arguments for tool {self.name}: {problems}"
+            ) from None
         return model.model_dump(mode="json")
 
     def needs_approval(self, arguments: dict[str, Any], run: Any) -> bool:
@@ -237,7 +243,9 @@ class Tool:
     def invoke_reconcile(self, ctx: ToolContext, arguments: dict[str, Any]) -> Reconciliation:
         assert self.reconcile is not None
         kwargs = self._python_kwargs(arguments)
-        found = self.reconcile(ctx, **kwargs) if self.reconcile_takes_ctx else self.reconcile(**kwargs)
+        found = (
+            self.reconcile(ctx, **kwargs) if self.reconcile_takes_ctx else self.reconcile(**kwargs)
+        )
         if not isinstance(found, Reconciliation):
             raise ToolError(f"Reconcile check of {self.name} must return a Reconciliation")
         return found
@@ -266,7 +274,9 @@ def _input_model(func: Callable[..., Any], name: str) -> tuple[bool, type[pydant
     params = list(inspect.signature(func).parameters.values())
     for param in params[1:] if takes_ctx else params:
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-            raise ConfigurationError(f"Tool {name}: *args/**kwargs cannot be described to the model")
+            raise ConfigurationError(
+                f"Tool {name}: *args/**kwargs cannot be described to the model"
+            )
         annotation = hints.get(param.name, Any)
         default = ... if param.default is inspect.Parameter.empty else param.default
         fields[param.name] = (annotation, default)

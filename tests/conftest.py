@@ -29,8 +29,10 @@ def _every_run_projects(request):
     ):
         yield
         return
-    transactional = "transactional_db" in names or "postgres" in names or (
-        marker is not None and marker.kwargs.get("transaction")
+    transactional = (
+        "transactional_db" in names
+        or "postgres" in names
+        or (marker is not None and marker.kwargs.get("transaction"))
     )
     # Set the database up first, so this teardown runs before it is rolled back or flushed.
     request.getfixturevalue("transactional_db" if transactional else "db")
@@ -41,8 +43,8 @@ def _every_run_projects(request):
 
 def assert_projection_matches(run: Run) -> None:
     """The events alone rebuild the run's states, usage and history."""
-    from django_agentrun.engine.loop import _Step  # noqa: F401 - history from rows
     from django_agentrun.engine.history import TurnRecord, build_messages
+    from django_agentrun.engine.loop import _Step  # noqa: F401 - history from rows
 
     run.refresh_from_db()
     events = list(RunEvent.objects.filter(run=run).order_by("seq"))
@@ -58,7 +60,11 @@ def assert_projection_matches(run: Run) -> None:
         TurnRecord(
             t.index,
             t.content,
-            [c.tool_result_block() for c in sorted(t.tool_calls.all(), key=lambda c: c.position) if c.is_closed],
+            [
+                c.tool_result_block()
+                for c in sorted(t.tool_calls.all(), key=lambda c: c.position)
+                if c.is_closed
+            ],
         )
         for t in turns
     ]

@@ -6,7 +6,9 @@ from example_project.settings import *  # noqa: F403
 
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.testapp"]  # noqa: F405
 
-AGENTRUN_MODEL_CLIENT = os.environ.get("AGENTRUN_MODEL_CLIENT", "django_agentrun.testing.ScriptedClient")
+AGENTRUN_MODEL_CLIENT = os.environ.get(
+    "AGENTRUN_MODEL_CLIENT", "django_agentrun.testing.ScriptedClient"
+)
 # Integration tests point the test process and its workers at their own broker db and queue.
 CELERY_BROKER_URL = os.environ.get("AGENTRUN_TEST_BROKER_URL", "redis://127.0.0.1:6379/9")
 AGENTRUN_QUEUE = os.environ.get("AGENTRUN_QUEUE") or None

@@ -20,7 +20,14 @@ from django.utils import timezone
 from .. import services, signals
 from ..abort import AbortSignal
 from ..agents import Agent, get_agent
-from ..clients import ModelClient, ModelError, ModelRequest, ModelResponse, StreamAborted, get_model_client
+from ..clients import (
+    ModelClient,
+    ModelError,
+    ModelRequest,
+    ModelResponse,
+    StreamAborted,
+    get_model_client,
+)
 from ..conf import agentrun_settings
 from ..exceptions import LeaseLost, ToolCancelled, ToolError, UnknownAgent
 from ..failpoints import failpoint
@@ -92,7 +99,9 @@ def advance(
 def recover_in_flight(run_id: Any) -> str:
     """The reaper's half of recovery: claim an expired lease, apply the side-effect
     policy to in_flight calls (re-run allowed, reconcile, or unknown), wake a worker."""
-    step = _Step(run_id, f"reaper:{services.worker_identity()}", AbortSignal(), None, recover_only=True)
+    step = _Step(
+        run_id, f"reaper:{services.worker_identity()}", AbortSignal(), None, recover_only=True
+    )
     lease = step.claim()
     if lease is None:
         return Outcome.NOT_CLAIMED
@@ -163,11 +172,15 @@ class _Step:
         with transaction.atomic():  # noqa: SIM117 - _Stop is caught inside, so this commits
             lease = services.claim_run(self.run_id, self.owner)
             if lease is None:
-                holder = Run.objects.filter(pk=self.run_id).values_list("lease_owner", flat=True).first()
+                holder = (
+                    Run.objects.filter(pk=self.run_id).values_list("lease_owner", flat=True).first()
+                )
                 if holder and _dead_local_holder(holder):
                     lease = services.claim_run(self.run_id, self.owner, steal_from=holder)
                     if lease is not None:
-                        logger.info("Took over the lease of dead process %s run_id=%s", holder, self.run_id)
+                        logger.info(
+                            "Took over the lease of dead process %s run_id=%s", holder, self.run_id
+                        )
             if lease is None:
                 return None
             self.lease = lease
@@ -200,12 +213,16 @@ class _Step:
         run = self.run_obj
         events: list[Event] = []
         if run.recovery_attempts > 0:
-            events.append(("recovery", {"attempts": run.recovery_attempts, "epoch": self.lease.epoch}))
+            events.append(
+                ("recovery", {"attempts": run.recovery_attempts, "epoch": self.lease.epoch})
+            )
         self._check_interrupts(events)
         if run.state == RunState.QUEUED:
             old = _set_state(run, RunState.RUNNING)
             events.append(("run_started", {"run_state": run.state, "worker": self.owner}))
-            self._fenced(events, old_state=old, fields={"started_at": run.started_at or timezone.now()})
+            self._fenced(
+                events, old_state=old, fields={"started_at": run.started_at or timezone.now()}
+            )
             events = []
         if run.recovery_attempts > agentrun_settings.MAX_RECOVERY_ATTEMPTS:
             self._fail(
@@ -252,7 +269,16 @@ class _Step:
                 max_tokens=self.config.get("max_tokens") or agentrun_settings.DEFAULT_MAX_TOKENS,
             )
             if breach is not None:
-                events.append(("budget_exceeded", {"limit": breach.limit, "projected": breach.projected, "allowed": breach.allowed}))
+                events.append(
+                    (
+                        "budget_exceeded",
+                        {
+                            "limit": breach.limit,
+                            "projected": breach.projected,
+                            "allowed": breach.allowed,
+                        },
+                    )
+                )
                 self._fail("budget_exceeded", breach.message(), "pre_turn", events)
         index = self.turns[-1].index + 1 if self.turns else 0
         turn = Turn.objects.create(run=run, index=index, is_final=answered == max_turns - 1)
@@ -260,7 +286,10 @@ class _Step:
         self.turns.append(turn)
         self.turn = turn
         events.append(
-            ("turn_started", {"turn_index": index, "turn_state": turn.state, "final": turn.is_final})
+            (
+                "turn_started",
+                {"turn_index": index, "turn_state": turn.state, "final": turn.is_final},
+            )
         )
 
     def _estimate_next_prompt(self) -> int:
@@ -340,7 +369,9 @@ class _Step:
                 if not exc.retryable or attempt == retries:
                     raise
                 base = agentrun_settings.MODEL_RETRY_BASE_SECONDS * (2**attempt)
-                delay = min(max(exc.retry_after or 0.0, base), agentrun_settings.MODEL_RETRY_MAX_SECONDS)
+                delay = min(
+                    max(exc.retry_after or 0.0, base), agentrun_settings.MODEL_RETRY_MAX_SECONDS
+                )
                 delay *= 1 + random.random() * 0.1
                 logger.warning(
                     "Model call failed (status=%s), retrying in %.1fs run_id=%s",
@@ -377,7 +408,9 @@ class _Step:
         blocks = [b for b in content if b.get("type") == "tool_use"]
         truncated_id = (
             content[-1].get("id")
-            if stop in ("max_tokens", "model_context_window_exceeded") and content and content[-1].get("type") == "tool_use"
+            if stop in ("max_tokens", "model_context_window_exceeded")
+            and content
+            and content[-1].get("type") == "tool_use"
             else None
         )
         old_turn = turn.state
@@ -418,7 +451,14 @@ class _Step:
         incr = {**usage, "cost_usd": cost, "turn_count": 1}
         # Usage is counted here, once per recorded response.
         if stop == "model_context_window_exceeded":
-            self._fail("context_window_exceeded", "The conversation no longer fits the model's context window.", "model", events, turn=turn, incr=incr)
+            self._fail(
+                "context_window_exceeded",
+                "The conversation no longer fits the model's context window.",
+                "model",
+                events,
+                turn=turn,
+                incr=incr,
+            )
         if calls and all(c.is_closed for c in calls):
             self._close_turn(turn, events, incr=incr)
         elif calls:
@@ -436,13 +476,20 @@ class _Step:
         self._complete(stop, events, incr=incr)
 
     def _intents(
-        self, turn: Turn, blocks: list[dict[str, Any]], truncated_id: str | None, events: list[Event]
+        self,
+        turn: Turn,
+        blocks: list[dict[str, Any]],
+        truncated_id: str | None,
+        events: list[Event],
     ) -> list[ToolCall]:
         """The write-ahead intent: one ToolCall per tool_use block. Calls a guard
         intercepts are closed at once with a synthetic is_error result."""
         run = self.run_obj
         agent = self.agent
-        cap = self.config.get("max_tool_calls_per_turn") or agentrun_settings.DEFAULT_MAX_TOOL_CALLS_PER_TURN
+        cap = (
+            self.config.get("max_tool_calls_per_turn")
+            or agentrun_settings.DEFAULT_MAX_TOOL_CALLS_PER_TURN
+        )
         threshold = self.config.get("repeat_threshold") or agentrun_settings.REPEAT_THRESHOLD
         history = [c.arguments_hash for t in self.turns for c in t.calls]  # type: ignore[attr-defined]
         calls: list[ToolCall] = []
@@ -455,36 +502,64 @@ class _Step:
             state = ToolCallState.REQUESTED
             arguments: dict[str, Any] = raw
             if block.get("id") == truncated_id:
-                state, error = ToolCallState.ERRORED, (
-                    "This tool call was cut off by the max_tokens limit, so its arguments are "
-                    "incomplete; it was not run. Make the call again with shorter arguments."
+                state, error = (
+                    ToolCallState.ERRORED,
+                    (
+                        "This tool call was cut off by the max_tokens limit, so its arguments are "
+                        "incomplete; it was not run. Make the call again with shorter arguments."
+                    ),
                 )
             elif turn.is_final:
-                state, error = ToolCallState.SKIPPED, (
-                    "Not run: the turn limit of this run is reached and no more tools may be "
-                    "called. Answer with what you have."
+                state, error = (
+                    ToolCallState.SKIPPED,
+                    (
+                        "Not run: the turn limit of this run is reached and no more tools may be "
+                        "called. Answer with what you have."
+                    ),
                 )
             elif tool is None:
                 available = ", ".join(agent.tools) if agent and agent.tools else "none"
-                state, error = ToolCallState.ERRORED, f"Unknown tool {name!r}. Available tools: {available}."
+                state, error = (
+                    ToolCallState.ERRORED,
+                    f"Unknown tool {name!r}. Available tools: {available}.",
+                )
             elif position >= cap:
-                state, error = ToolCallState.SKIPPED, (
-                    f"Not run: at most {cap} tool calls are allowed per turn "
-                    f"(max_tool_calls_per_turn); this was call {position + 1}."
+                state, error = (
+                    ToolCallState.SKIPPED,
+                    (
+                        f"Not run: at most {cap} tool calls are allowed per turn "
+                        f"(max_tool_calls_per_turn); this was call {position + 1}."
+                    ),
                 )
             else:
                 try:
                     arguments = tool.validate(raw)
                 except ToolArgumentsError as exc:
-                    state, error = ToolCallState.ERRORED, f"{exc} The tool was not run; fix the arguments and try again."
+                    state, error = (
+                        ToolCallState.ERRORED,
+                        f"{exc} The tool was not run; fix the arguments and try again.",
+                    )
             digest = arguments_hash(name, arguments)
             if state == ToolCallState.REQUESTED and guards.repeated(history, digest, threshold):
-                state, error = ToolCallState.SKIPPED, (
-                    f"Not run: this is the {threshold}th identical call of {name} with the same "
-                    "arguments in a row. Repeating it will not help; try a different strategy "
-                    "or answer with what you have."
+                state, error = (
+                    ToolCallState.SKIPPED,
+                    (
+                        f"Not run: this is the {threshold}th identical call of {name} with the same "
+                        "arguments in a row. Repeating it will not help; try a different strategy "
+                        "or answer with what you have."
+                    ),
                 )
-                events.append(("loop_detected", {"turn_index": turn.index, "tool_call_id": block.get("id"), "name": name, "count": threshold}))
+                events.append(
+                    (
+                        "loop_detected",
+                        {
+                            "turn_index": turn.index,
+                            "tool_call_id": block.get("id"),
+                            "name": name,
+                            "count": threshold,
+                        },
+                    )
+                )
             history.append(digest)
             call = ToolCall(
                 run=run,
@@ -557,7 +632,14 @@ class _Step:
                     continue
             if call.state == ToolCallState.REQUESTED:
                 if tool is None:
-                    self._finish(turn, call, ToolCallState.ERRORED, f"Tool {call.name} is no longer available.", True, ResultSource.SYNTHETIC)
+                    self._finish(
+                        turn,
+                        call,
+                        ToolCallState.ERRORED,
+                        f"Tool {call.name} is no longer available.",
+                        True,
+                        ResultSource.SYNTHETIC,
+                    )
                     continue
                 if not call.approved and tool.needs_approval(call.arguments, self.run_obj):
                     self._park_approval(call, tool)
@@ -596,8 +678,17 @@ class _Step:
         except ToolError as exc:
             return ToolCallState.ERRORED, str(exc), True
         except Exception as exc:  # noqa: BLE001 - a tool bug becomes an is_error result
-            logger.exception("Tool %s raised run_id=%s tool_call_id=%s", call.name, self.run_id, call.tool_call_id)
-            return ToolCallState.ERRORED, f"Tool {call.name} failed with {type(exc).__name__}.", True
+            logger.exception(
+                "Tool %s raised run_id=%s tool_call_id=%s",
+                call.name,
+                self.run_id,
+                call.tool_call_id,
+            )
+            return (
+                ToolCallState.ERRORED,
+                f"Tool {call.name} failed with {type(exc).__name__}.",
+                True,
+            )
         return ToolCallState.SUCCEEDED, result_content(value), False
 
     def _execute(self, turn: Turn, call: ToolCall, tool: Tool) -> None:
@@ -609,7 +700,17 @@ class _Step:
             now = timezone.now()
             _save(call, old, attempt=call.attempt + 1, started_at=now, heartbeat_at=now)
             cancel = self._fenced(
-                [("tool_call_started", {"turn_index": call.turn_index, "tool_call_id": call.tool_call_id, "attempt": call.attempt, "tool_call_state": call.state})]
+                [
+                    (
+                        "tool_call_started",
+                        {
+                            "turn_index": call.turn_index,
+                            "tool_call_id": call.tool_call_id,
+                            "attempt": call.attempt,
+                            "tool_call_state": call.state,
+                        },
+                    )
+                ]
             )
         if cancel:
             self.abort.abort("cancel requested")
@@ -625,9 +726,11 @@ class _Step:
         """ORM-only handler inside the transaction that records its result: exactly once."""
         with self._tx():
             # Lock the run row under the lease before running anything.
-            if not Run.objects.select_for_update().filter(
-                pk=self.run_id, lease_epoch=self.lease.epoch, lease_owner=self.lease.owner
-            ).exists():
+            if (
+                not Run.objects.select_for_update()
+                .filter(pk=self.run_id, lease_epoch=self.lease.epoch, lease_owner=self.lease.owner)
+                .exists()
+            ):
                 raise LeaseLost(f"Run {self.run_id}: lease lost before an atomic tool")
             try:
                 with transaction.atomic():
@@ -651,6 +754,7 @@ class _Step:
         extra: dict[str, Any] | None = None,
     ) -> None:
         """Commit a call's result; when it was the turn's last open call, close the turn too."""
+
         def write() -> None:
             events = _close_call(call, state, result, is_error=is_error, source=source, extra=extra)
             if all(c.is_closed for c in turn.calls):  # type: ignore[attr-defined]
@@ -668,24 +772,40 @@ class _Step:
     def _recover(self, turn: Turn, call: ToolCall, tool: Tool | None) -> None:
         """The executor of this in_flight call died: apply its side-effect class's policy."""
         side_effect = call.side_effect
-        if side_effect in (SideEffect.READ_ONLY, SideEffect.IDEMPOTENT_WRITE, SideEffect.ATOMIC) and tool is not None:
+        if (
+            side_effect in (SideEffect.READ_ONLY, SideEffect.IDEMPOTENT_WRITE, SideEffect.ATOMIC)
+            and tool is not None
+        ):
             self._requeue_call(call, "rerun")
             return
         if tool is None:
             self._park_unknown(call, "The tool is no longer defined; its outcome is unknown.")
         if tool.reconcile is None:
-            self._park_unknown(call, "The call was in flight when its worker died and the tool has no reconcile check.")
+            self._park_unknown(
+                call,
+                "The call was in flight when its worker died and the tool has no reconcile check.",
+            )
         try:
             found = tool.invoke_reconcile(self._ctx(call), call.arguments)
         except Exception as exc:  # noqa: BLE001
             logger.exception("Reconcile check of %s failed run_id=%s", call.name, self.run_id)
             self._park_unknown(call, f"The reconcile check failed with {type(exc).__name__}.")
         if found.status == "done":
-            self._finish(turn, call, ToolCallState.SUCCEEDED, result_content(found.result), False, ResultSource.RECONCILED, extra={"policy": "reconciled"})
+            self._finish(
+                turn,
+                call,
+                ToolCallState.SUCCEEDED,
+                result_content(found.result),
+                False,
+                ResultSource.RECONCILED,
+                extra={"policy": "reconciled"},
+            )
         elif found.status == "not_done" and call.attempt < 2:
             self._requeue_call(call, "reconciled_not_done")
         elif found.status == "not_done":
-            self._park_unknown(call, "The reconcile check says not done, but a retry was already made.")
+            self._park_unknown(
+                call, "The reconcile check says not done, but a retry was already made."
+            )
         else:
             self._park_unknown(call, found.reason or "The reconcile check could not tell.")
 
@@ -693,7 +813,9 @@ class _Step:
         if turn is not None and turn.state == TurnState.AWAITING_TOOL:
             for call in turn.calls:  # type: ignore[attr-defined]
                 if call.state == ToolCallState.IN_FLIGHT:
-                    self._recover(turn, call, self.agent.tools.get(call.name) if self.agent else None)
+                    self._recover(
+                        turn, call, self.agent.tools.get(call.name) if self.agent else None
+                    )
         with self._tx():
             self._fenced([], fields=services._release_fields())
             self.released = True
@@ -705,9 +827,21 @@ class _Step:
             old = _set_state(call, ToolCallState.REQUESTED)
             _save(call, old)
             self._fenced(
-                [("tool_call_recovered", {"turn_index": call.turn_index, "tool_call_id": call.tool_call_id, "policy": policy, "tool_call_state": call.state})]
+                [
+                    (
+                        "tool_call_recovered",
+                        {
+                            "turn_index": call.turn_index,
+                            "tool_call_id": call.tool_call_id,
+                            "policy": policy,
+                            "tool_call_state": call.state,
+                        },
+                    )
+                ]
             )
-        logger.info("Recovered in-flight call %s (%s) run_id=%s", call.tool_call_id, policy, self.run_id)
+        logger.info(
+            "Recovered in-flight call %s (%s) run_id=%s", call.tool_call_id, policy, self.run_id
+        )
 
     def _park_unknown(self, call: ToolCall, reason: str, *, already: bool = False) -> None:
         with self._tx():
@@ -715,9 +849,21 @@ class _Step:
             if not already:
                 old = _set_state(call, ToolCallState.UNKNOWN)
                 _save(call, old, unknown_reason=reason)
-                events.append(("tool_call_unknown", {"turn_index": call.turn_index, "tool_call_id": call.tool_call_id, "reason": reason, "tool_call_state": call.state}))
+                events.append(
+                    (
+                        "tool_call_unknown",
+                        {
+                            "turn_index": call.turn_index,
+                            "tool_call_id": call.tool_call_id,
+                            "reason": reason,
+                            "tool_call_state": call.state,
+                        },
+                    )
+                )
             self._park(events)
-            services._on_commit_signal(signals.reconciliation_needed, run=self.run_obj, tool_call=call, reason=reason)
+            services._on_commit_signal(
+                signals.reconciliation_needed, run=self.run_obj, tool_call=call, reason=reason
+            )
         raise _Stop(Outcome.PARKED)
 
     def _park_approval(self, call: ToolCall, tool: Tool | None, *, already: bool = False) -> None:
@@ -726,7 +872,11 @@ class _Step:
             token = ""
             if not already:
                 old = _set_state(call, ToolCallState.AWAITING_APPROVAL)
-                timeout = (tool.approval_timeout.total_seconds() if tool and tool.approval_timeout else None) or self.config.get("approval_timeout_seconds")
+                timeout = (
+                    tool.approval_timeout.total_seconds()
+                    if tool and tool.approval_timeout
+                    else None
+                ) or self.config.get("approval_timeout_seconds")
                 token = services.approval_token(call)
                 payload = {
                     "tool": call.name,
@@ -739,9 +889,23 @@ class _Step:
                 }
                 deadline = timezone.now() + timedelta(seconds=timeout) if timeout else None
                 _save(call, old, approval_payload=payload, approval_deadline=deadline)
-                events.append(("approval_requested", {"turn_index": call.turn_index, "tool_call_id": call.tool_call_id, "payload": payload, "token": token, "deadline": deadline.isoformat() if deadline else None, "tool_call_state": call.state}))
+                events.append(
+                    (
+                        "approval_requested",
+                        {
+                            "turn_index": call.turn_index,
+                            "tool_call_id": call.tool_call_id,
+                            "payload": payload,
+                            "token": token,
+                            "deadline": deadline.isoformat() if deadline else None,
+                            "tool_call_state": call.state,
+                        },
+                    )
+                )
             self._park(events)
-            services._on_commit_signal(signals.approval_requested, run=self.run_obj, tool_call=call, token=token)
+            services._on_commit_signal(
+                signals.approval_requested, run=self.run_obj, tool_call=call, token=token
+            )
         raise _Stop(Outcome.PARKED)
 
     def _park(self, events: list[Event]) -> None:
@@ -787,25 +951,60 @@ class _Step:
     def _complete(self, stop_reason: str, events: list[Event], incr: dict | None = None) -> None:
         run = self.run_obj
         final = next((t for t in reversed(self.turns) if t.content), None)
-        output = {"text": text_of(final.content if final else None), "content": final.content if final else []}
+        output = {
+            "text": text_of(final.content if final else None),
+            "content": final.content if final else [],
+        }
         old = _set_state(run, RunState.COMPLETED)
         totals = {k: getattr(run, k) + (incr or {}).get(k, 0) for k in run.usage()}
-        events.append(("run_completed", {"run_state": run.state, "stop_reason": stop_reason, "output": output, "usage": totals}))
+        events.append(
+            (
+                "run_completed",
+                {
+                    "run_state": run.state,
+                    "stop_reason": stop_reason,
+                    "output": output,
+                    "usage": totals,
+                },
+            )
+        )
         self._fenced(
             events,
             old_state=old,
             incr=incr,
-            fields={**services._release_fields(), "output": output, "stop_reason": stop_reason, "finished_at": timezone.now()},
+            fields={
+                **services._release_fields(),
+                "output": output,
+                "stop_reason": stop_reason,
+                "finished_at": timezone.now(),
+            },
         )
         self.released = True
         services._on_commit_signal(signals.run_finished, run=run, state=run.state)
         logger.info("Run completed run_id=%s stop_reason=%s", run.pk, stop_reason)
         raise _Stop(Outcome.FINISHED)
 
-    def _fail(self, code: str, message: str, phase: str, events: list[Event], *, turn: Turn | None = None, incr: dict | None = None) -> None:
+    def _fail(
+        self,
+        code: str,
+        message: str,
+        phase: str,
+        events: list[Event],
+        *,
+        turn: Turn | None = None,
+        incr: dict | None = None,
+    ) -> None:
         if incr:
             self._fenced([], incr=incr)
-        services.run_failed(self.run_obj, self.lease, code=code, message=message, phase=phase, events=events, turn=turn or self._open_turn())
+        services.run_failed(
+            self.run_obj,
+            self.lease,
+            code=code,
+            message=message,
+            phase=phase,
+            events=events,
+            turn=turn or self._open_turn(),
+        )
         self.released = True
         raise _Stop(Outcome.FINISHED)
 

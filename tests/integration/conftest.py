@@ -63,7 +63,9 @@ def messages_api() -> Iterator[MessagesAPIServer]:
 class Workers:
     """Start and kill real `celery worker` processes for one test."""
 
-    def __init__(self, db_name: str, queue: str, api: MessagesAPIServer | None, log: Path, tmp: Path):
+    def __init__(
+        self, db_name: str, queue: str, api: MessagesAPIServer | None, log: Path, tmp: Path
+    ):
         self.db_name = db_name
         self.queue = queue
         self.api = api
@@ -79,7 +81,9 @@ class Workers:
             "AGENTRUN_TEST_DB_NAME": self.db_name,
             "AGENTRUN_QUEUE": self.queue,
             "AGENTRUN_TEST_LOG": str(self.log),
-            "AGENTRUN_TEST_BROKER_URL": os.environ.get("AGENTRUN_TEST_BROKER_URL", f"{REDIS_URL}/9"),
+            "AGENTRUN_TEST_BROKER_URL": os.environ.get(
+                "AGENTRUN_TEST_BROKER_URL", f"{REDIS_URL}/9"
+            ),
             "AGENTRUN_LOG_LEVEL": "INFO",
             "PYTHONUNBUFFERED": "1",
         }
@@ -93,7 +97,9 @@ class Workers:
         env.update(extra)
         return env
 
-    def start(self, *, pool: str = "solo", concurrency: int = 1, failpoints: str = "", **extra: str) -> subprocess.Popen:
+    def start(
+        self, *, pool: str = "solo", concurrency: int = 1, failpoints: str = "", **extra: str
+    ) -> subprocess.Popen:
         self.count += 1
         name = f"w{self.count}-{self.queue}@%h"
         env = self.env(**extra)
@@ -102,9 +108,23 @@ class Workers:
         with open(self.tmp / f"worker{self.count}.log", "wb") as out:
             proc = subprocess.Popen(
                 [
-                    sys.executable, "-m", "celery", "-A", "example_project", "worker",
-                    f"--pool={pool}", f"--concurrency={concurrency}", "-Q", self.queue, "-n", name,
-                    "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "info",
+                    sys.executable,
+                    "-m",
+                    "celery",
+                    "-A",
+                    "example_project",
+                    "worker",
+                    f"--pool={pool}",
+                    f"--concurrency={concurrency}",
+                    "-Q",
+                    self.queue,
+                    "-n",
+                    name,
+                    "--without-gossip",
+                    "--without-mingle",
+                    "--without-heartbeat",
+                    "-l",
+                    "info",
                 ],
                 cwd=ROOT,
                 env=env,
@@ -145,7 +165,9 @@ class Workers:
 
 @pytest.fixture
 def workers(postgres, queue, test_log, tmp_path, request, settings) -> Iterator[Workers]:
-    api = request.getfixturevalue("messages_api") if "messages_api" in request.fixturenames else None
+    api = (
+        request.getfixturevalue("messages_api") if "messages_api" in request.fixturenames else None
+    )
     pool = Workers(postgres, queue, api, test_log, tmp_path)
     yield pool
     pool.stop_all()
@@ -171,7 +193,9 @@ def _purge(queue: str) -> None:
         pass
 
 
-def wait_for(predicate: Callable[[], object], timeout: float = 30, interval: float = 0.1, message: str = "") -> object:
+def wait_for(
+    predicate: Callable[[], object], timeout: float = 30, interval: float = 0.1, message: str = ""
+) -> object:
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()

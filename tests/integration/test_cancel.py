@@ -84,7 +84,12 @@ def test_cancel__kills_the_tool_child_process(workers, messages_api):
     cancel_run(run, reason="too slow")
     wait_for(lambda: _state(run) == "cancelled", timeout=5, interval=0.05, message="cancelled")
     assert time.monotonic() - asked < 2.0
-    wait_for(lambda: not any(p in _sleepers() for p in child), timeout=1 + 1, interval=0.05, message="child gone")
+    wait_for(
+        lambda: not any(p in _sleepers() for p in child),
+        timeout=1 + 1,
+        interval=0.05,
+        message="child gone",
+    )
     call = run.tool_calls.get()
     assert call.state == "cancelled" and call.is_error
     assert "Cancelled" in call.result

@@ -14,7 +14,6 @@ import pytest
 
 from django_agentrun import start_run
 from django_agentrun.failpoints import POINTS
-from django_agentrun.models import Run
 from django_agentrun.recovery import reap
 from tests.conftest import assert_projection_matches
 from tests.integration.conftest import wait_for
@@ -27,8 +26,20 @@ TERMINAL = {"completed", "failed", "cancelled", "timed_out", "awaiting_approval"
 def script():
     return by_step(
         [
-            Reply([text("Sending."), tool_use("send_message", {"to": "ann@example.com", "body": "Hi"}, id="toolu_send")]),
-            Reply([tool_use("lookup", {"query": "order"}, id="toolu_look"), tool_use("save_note", {"text": "n"}, id="toolu_note")]),
+            Reply(
+                [
+                    text("Sending."),
+                    tool_use(
+                        "send_message", {"to": "ann@example.com", "body": "Hi"}, id="toolu_send"
+                    ),
+                ]
+            ),
+            Reply(
+                [
+                    tool_use("lookup", {"query": "order"}, id="toolu_look"),
+                    tool_use("save_note", {"text": "n"}, id="toolu_note"),
+                ]
+            ),
             Reply([text("All done.")]),
         ]
     )
@@ -88,7 +99,10 @@ def test_crash_at__every_failpoint(point, workers, messages_api, settings):
 def test_non_idempotent_without_check__waits_for_a_person(workers, messages_api, settings):
     settings.AGENTRUN_LEASE_SECONDS = 2
     messages_api.script = by_step(
-        [Reply([tool_use("charge_card", {"amount_cents": 500}, id="toolu_charge")]), Reply([text("Charged.")])]
+        [
+            Reply([tool_use("charge_card", {"amount_cents": 500}, id="toolu_charge")]),
+            Reply([text("Charged.")]),
+        ]
     )
     first = workers.start(failpoints="tool.after_handler=crash", AGENTRUN_LEASE_SECONDS="2")
     run = start_run("test-agent", "Charge 5 dollars.")

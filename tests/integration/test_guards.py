@@ -112,7 +112,9 @@ def test_repeated_call__nth_identical_call_is_intercepted(api, client, test_log)
 def test_budget__breach_is_detected_before_the_request(api, client):
     # Each response uses 1000 output tokens; the budget is 2500 and max_tokens 1000, so a
     # third request could breach: it is never sent.
-    api.script = lambda body: Reply([tool_use("lookup", {"query": "x"})], usage={"output_tokens": 1000})
+    api.script = lambda body: Reply(
+        [tool_use("lookup", {"query": "x"})], usage={"output_tokens": 1000}
+    )
     run = drive(start_run("budgeted", "Spend"), client)
     assert run.state == "failed"
     assert run.error_code == "budget_exceeded" and run.failure_phase == "pre_turn"

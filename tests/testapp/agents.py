@@ -106,10 +106,32 @@ def shell_sleep(ctx: ToolContext, seconds: int) -> str:
     return f"exit {result.returncode}"
 
 
-ALL_TOOLS = [lookup, save_note, send_message, charge_card, delete_account, fail_always, explode, slow, shell_sleep]
+ALL_TOOLS = [
+    lookup,
+    save_note,
+    send_message,
+    charge_card,
+    delete_account,
+    fail_always,
+    explode,
+    slow,
+    shell_sleep,
+]
 
-Agent(name="test-agent", model="claude-sonnet-4-5", system="You are a test agent.", tools=ALL_TOOLS, max_turns=10)
-Agent(name="tiny-budget", model="claude-sonnet-4-5", tools=ALL_TOOLS, budget=Budget(max_output_tokens=5000), max_tokens=2000)
+Agent(
+    name="test-agent",
+    model="claude-sonnet-4-5",
+    system="You are a test agent.",
+    tools=ALL_TOOLS,
+    max_turns=10,
+)
+Agent(
+    name="tiny-budget",
+    model="claude-sonnet-4-5",
+    tools=ALL_TOOLS,
+    budget=Budget(max_output_tokens=5000),
+    max_tokens=2000,
+)
 Agent(name="two-turns", model="claude-sonnet-4-5", tools=ALL_TOOLS, max_turns=2)
 Agent(name="capped", model="claude-sonnet-4-5", tools=ALL_TOOLS, max_tool_calls_per_turn=2)
 Agent(

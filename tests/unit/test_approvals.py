@@ -39,7 +39,10 @@ def drive(run, client, limit=20):
 def parked(args=None, name="delete_account", agent="approvals"):
     client = ScriptedClient(
         [
-            reply(tool_use(name, args or {"user": "bob"}, id="toolu_a"), tool_use("lookup", {"query": "q"}, id="toolu_b")),
+            reply(
+                tool_use(name, args or {"user": "bob"}, id="toolu_a"),
+                tool_use("lookup", {"query": "q"}, id="toolu_b"),
+            ),
             reply(text("Done.")),
         ]
     )
@@ -134,7 +137,9 @@ def test_approval__callable_policy(person):
 
 def test_approval__deadline_times_the_run_out():
     run, _, call = parked()
-    ToolCall.objects.filter(pk=call.pk).update(approval_deadline=timezone.now() - timedelta(seconds=1))
+    ToolCall.objects.filter(pk=call.pk).update(
+        approval_deadline=timezone.now() - timedelta(seconds=1)
+    )
     report = reap()
     assert [f.kind for f in report.findings] == ["approval_deadline"]
     run.refresh_from_db()
@@ -145,9 +150,7 @@ def test_approval__deadline_times_the_run_out():
 
 
 def test_deadline__run_times_out_at_the_next_step_keeping_partial_outputs():
-    client = ScriptedClient(
-        [reply(tool_use("lookup", {"query": "a"})), reply(text("never sent"))]
-    )
+    client = ScriptedClient([reply(tool_use("lookup", {"query": "a"})), reply(text("never sent"))])
     run = start_run("test-agent", "go", deadline=timedelta(hours=1))
     assert advance(run.pk, client=client) == Outcome.CONTINUED  # turn 0 with its tool result
     run.refresh_from_db()

@@ -27,7 +27,9 @@ def test_checks__prefetch_and_eager_and_missing_reaper(monkeypatch):
     found = check_celery()
     assert ids(found) == {"agentrun.W001", "agentrun.W002", "agentrun.W003"}
     assert all(m.hint for m in found)
-    assert "CELERY_WORKER_PREFETCH_MULTIPLIER = 1" in next(m.hint for m in found if m.id == "agentrun.W001")
+    assert "CELERY_WORKER_PREFETCH_MULTIPLIER = 1" in next(
+        m.hint for m in found if m.id == "agentrun.W001"
+    )
 
 
 def test_checks__heartbeat_too_slow_and_bad_client(settings):
@@ -52,5 +54,7 @@ def test_checks__dated_model_ids_match_their_price(settings):
     assert agentrun_settings.price_for("claude-sonnet-4-5-20250929") == agentrun_settings.price_for(
         "claude-sonnet-4-5"
     )
-    settings.AGENTRUN_PRICES = {"mine": {"input": 1, "output": 2, "cache_write": 1, "cache_read": 0.1}}
+    settings.AGENTRUN_PRICES = {
+        "mine": {"input": 1, "output": 2, "cache_write": 1, "cache_read": 0.1}
+    }
     assert agentrun_settings.price_for("mine")["output"] == 2

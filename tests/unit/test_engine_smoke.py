@@ -4,7 +4,6 @@ import pytest
 
 from django_agentrun import start_run
 from django_agentrun.engine import Outcome, advance
-from django_agentrun.models import Run
 from django_agentrun.testing import ScriptedClient, reply, text, tool_use
 from tests.conftest import assert_projection_matches
 
@@ -22,10 +21,12 @@ def drive(run, client, limit=20):
 
 
 def test_two_turns(django_capture_on_commit_callbacks):
-    client = ScriptedClient([
-        reply(text("Let me look."), tool_use("lookup", {"query": "x"})),
-        reply(text("The answer.")),
-    ])
+    client = ScriptedClient(
+        [
+            reply(text("Let me look."), tool_use("lookup", {"query": "x"})),
+            reply(text("The answer.")),
+        ]
+    )
     run = start_run("test-agent", "hello")
     out = drive(run, client)
     run.refresh_from_db()

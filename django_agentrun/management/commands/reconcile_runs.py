@@ -58,11 +58,17 @@ class Command(BaseCommand):
             ),
         )
 
-    def handle(self, *, dry_run: bool, runs: list[uuid.UUID] | None, stale_after: float | None, **options) -> None:
+    def handle(
+        self, *, dry_run: bool, runs: list[uuid.UUID] | None, stale_after: float | None, **options
+    ) -> None:
         report = reap(dry_run=dry_run, run_ids=runs, stale_after=stale_after)
         prefix = "Would" if dry_run else "Did"
         for finding in report.findings:
-            status = "ERROR " + finding.error if finding.error else (finding.detail if finding.done or dry_run else "")
+            status = (
+                "ERROR " + finding.error
+                if finding.error
+                else (finding.detail if finding.done or dry_run else "")
+            )
             self.stdout.write(f"{finding.run_id}  {finding.kind:<20} {status}")
         if not report.findings:
             self.stdout.write("Nothing to reconcile.")
