@@ -86,8 +86,11 @@ def test_crash_at__every_failpoint(point, workers, messages_api, settings):
     sent = executions("send_message")
     assert len(sent) == 1, sent
     call = run.tool_calls.get(tool_call_id="toolu_send")
-    assert call.result_source in ("executed", "reconciled")
-    assert "m-" in str(call.result)
+    # Killed after the provider accepted it, before the result was checkpointed: the
+    # reconcile check finds it by its idempotency key and records its message id.
+    expected = "reconciled" if point == "tool.after_handler" else "executed"
+    assert call.result_source == expected
+    assert f"m-{call.idempotency_key[:12]}" in str(call.result)
     for kind in ("lookup", "save_note"):
         rows = executions(kind)
         assert 1 <= len(rows) <= 2, (kind, rows)
