@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -72,6 +73,10 @@ else:
 # Worker subprocesses started by the tests point at the test database by name.
 if os.environ.get("AGENTRUN_TEST_DB_NAME"):
     DATABASES["default"]["NAME"] = os.environ["AGENTRUN_TEST_DB_NAME"]
+# Several processes on one SQLite file (the demo): IMMEDIATE avoids "database is locked"
+# when a transaction that read first tries to write.
+if os.environ.get("SQLITE_TRANSACTION_MODE") and DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    DATABASES["default"]["OPTIONS"]["transaction_mode"] = os.environ["SQLITE_TRANSACTION_MODE"]
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True
@@ -88,6 +93,9 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# JSON, e.g. the folders of kombu's filesystem transport (the demo's server-less broker).
+if os.environ.get("CELERY_BROKER_TRANSPORT_OPTIONS"):
+    CELERY_BROKER_TRANSPORT_OPTIONS = json.loads(os.environ["CELERY_BROKER_TRANSPORT_OPTIONS"])
 CELERY_BEAT_SCHEDULE = {
     "agentrun-reap": {
         "task": "django_agentrun.reap",
@@ -106,6 +114,7 @@ REST_FRAMEWORK = {
 AGENTRUN_MODEL_CLIENT = os.environ.get(
     "AGENTRUN_MODEL_CLIENT", "django_agentrun.clients.anthropic.AnthropicModelClient"
 )
+AGENTRUN_QUEUE = os.environ.get("AGENTRUN_QUEUE") or None
 for _name in ("LEASE_SECONDS", "REAPER_INTERVAL_SECONDS", "QUEUED_STALE_SECONDS", "CANCEL_GRACE_SECONDS"):
     if os.environ.get(f"AGENTRUN_{_name}"):
         globals()[f"AGENTRUN_{_name}"] = float(os.environ[f"AGENTRUN_{_name}"])

@@ -1,0 +1,78 @@
+"""The demo's offline model: a ScriptedClient that plays the support agent's three steps.
+
+Selected with AGENTRUN_MODEL_CLIENT=example_project.demo.scripted.DemoScriptedClient.
+Replies depend only on the step (how many assistant messages the request holds), so a
+worker that takes over a run gets the same answer a dead one would have.
+"""
+
+from __future__ import annotations
+
+import json
+
+from django_agentrun.clients import ModelRequest
+from django_agentrun.testing import Reply, ScriptedClient, text, tool_use
+
+from .agents import CUSTOMER, TICKET_ID
+
+SEND_ID = "toolu_demo_01_send_message"
+LOG_ID = "toolu_demo_02_log_ticket"
+
+BODY = (
+    "Hi Ada, sorry for the wait: your keyboard (order A-1001) is held at ParcelCo's hub "
+    "and will now arrive on Friday. Tracking: PC-88412. - The Support Team"
+)
+
+
+def _recorded_message_id(request: ModelRequest) -> str:
+    """The message id the runtime recorded for the send (executed or reconciled)."""
+    for message in reversed(request.messages):
+        if message["role"] != "user" or not isinstance(message["content"], list):
+            continue
+        for block in message["content"]:
+            if block.get("type") == "tool_result" and block.get("tool_use_id") == SEND_ID:
+                if block.get("is_error"):
+                    return ""
+                try:
+                    return str(json.loads(block["content"]).get("message_id", ""))
+                except (TypeError, ValueError, AttributeError):
+                    return ""
+    return ""
+
+
+def demo_reply(request: ModelRequest) -> Reply:
+    """Step 0: send the message; step 1: log the ticket with its id; step 2: summarize."""
+    step = sum(1 for m in request.messages if m["role"] == "assistant")
+    if step == 0:
+        return Reply(
+            [
+                text("I'll tell Ada about the delay first."),
+                tool_use("send_customer_message", {"to": CUSTOMER, "body": BODY}, id=SEND_ID),
+            ]
+        )
+    message_id = _recorded_message_id(request)
+    if step == 1:
+        summary = "Told the customer the order is delayed at ParcelCo; new delivery date Friday."
+        return Reply(
+            [
+                tool_use(
+                    "log_ticket",
+                    {"ticket_id": TICKET_ID, "summary": summary, "message_id": message_id},
+                    id=LOG_ID,
+                )
+            ]
+        )
+    return Reply(
+        [
+            text(
+                f"Done: Ada was told her order A-1001 arrives Friday (message {message_id}) "
+                f"and ticket {TICKET_ID} is updated."
+            )
+        ]
+    )
+
+
+class DemoScriptedClient(ScriptedClient):
+    """ScriptedClient with the demo's script; instantiated with no arguments by the engine."""
+
+    def __init__(self) -> None:
+        super().__init__(script=demo_reply)
