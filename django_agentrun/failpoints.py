@@ -1,7 +1,7 @@
 """Named fault points in the engine, for crash testing with real processes.
 
 Set AGENTRUN_FAILPOINTS="model.after_commit=crash,tool.before_handler=sleep:2" in a
-worker's environment. Actions: `crash` ends the process at once (os._exit, as a
+worker's environment; `tool.after_handler@send_message=crash` fires only for that tool. Actions: `crash` ends the process at once (os._exit, as a
 power cut would: no cleanup, no ack), `raise` raises FailpointError, `sleep:N`
 sleeps N seconds. Unset, a failpoint costs one environment lookup.
 """
@@ -42,18 +42,21 @@ def _actions() -> dict[str, str]:
         actions: dict[str, str] = {}
         for item in filter(None, (part.strip() for part in raw.split(","))):
             name, _, action = item.partition("=")
-            if name not in POINTS:
+            if name.partition("@")[0] not in POINTS:
                 raise ValueError(f"{ENV}: unknown failpoint {name!r}; known: {', '.join(POINTS)}")
             actions[name] = action or "crash"
         _parsed = (raw, actions)
     return _parsed[1]
 
 
-def failpoint(name: str) -> None:
-    """Fire the failpoint `name` if the environment arms it."""
+def failpoint(name: str, qualifier: str | None = None) -> None:
+    """Fire the failpoint `name` (or `name@qualifier`, e.g. a tool name) if the environment arms it."""
     if not os.environ.get(ENV):
         return
-    action = _actions().get(name)
+    actions = _actions()
+    action = actions.get(f"{name}@{qualifier}") if qualifier else None
+    if action is None:
+        action = actions.get(name)
     if action is None:
         return
     if action == "crash":

@@ -193,7 +193,8 @@ def _recover(run: Run, now: datetime) -> str:
         run.tool_calls.filter(state=ToolCallState.IN_FLIGHT).values_list("tool_call_id", flat=True)
     )
     # The engine claims the expired lease itself (counting the recovery) after we commit.
-    transaction.on_commit(lambda: recover_in_flight(run.pk))
+    # robust: a failure here is logged and must not abort the rest of the sweep.
+    transaction.on_commit(lambda: recover_in_flight(run.pk), robust=True)
     return f"re-enqueued; in-flight calls: {', '.join(in_flight) or 'none'}"
 
 

@@ -463,6 +463,7 @@ class _Step:
             self._close_turn(turn, events, incr=incr)
         elif calls:
             old = _set_state(run, RunState.AWAITING_TOOL)
+            events[0][1]["run_state"] = run.state
             self._fenced(events, old_state=old, incr=incr)
         else:
             self._turn_without_tools(turn, stop, events, incr)
@@ -714,11 +715,11 @@ class _Step:
             )
         if cancel:
             self.abort.abort("cancel requested")
-        failpoint("tool.before_handler")
+        failpoint("tool.before_handler", call.name)
         state, result, is_error = self._invoke(tool, call)
-        failpoint("tool.after_handler")
+        failpoint("tool.after_handler", call.name)
         self._finish(turn, call, state, result, is_error, ResultSource.EXECUTED)
-        failpoint("tool.after_commit")
+        failpoint("tool.after_commit", call.name)
         if state == ToolCallState.CANCELLED or self.abort.aborted:
             self._interrupted()
 
