@@ -1,0 +1,1 @@
+"""Bench-only agents and tools (installed by bench.settings)."""
