@@ -186,16 +186,17 @@ def test_two_reapers__second_reaper_in_the_commit_window_acts_once(
 
     script = [reply(tool_use("lookup", {"query": "q"})), reply(text("ok"))]
     runs = [crashed_at(monkeypatch, "tool.before_handler", script) for _ in range(3)]
+    no_broker.clear()
     original = loop.recover_in_flight
     second: list[object] = []
 
-    def first_recovery_runs_a_second_reaper(run_id):
+    def first_recovery_runs_a_second_reaper(run_id, *args, **kwargs):
         if not second:
             second.append(None)
             holder = threading.Thread(target=lambda: (second.append(reap()), connection.close()))
             holder.start()
             holder.join(30)
-        return original(run_id)
+        return original(run_id, *args, **kwargs)
 
     monkeypatch.setattr(loop, "recover_in_flight", first_recovery_runs_a_second_reaper)
     reap()

@@ -270,10 +270,17 @@ def _whitespace_only_messages(request):
     ),
 )
 def test_bad_output__whitespace_only_text_is_not_sent_back():
-    run, client, _ = run_with([reply(text("\n\n"), stop_reason="pause_turn"), reply(text("done"))])
-    assert run.state == "completed"
+    answers = iter([reply(text("\n\n"), stop_reason="pause_turn")])
+
+    def script(request):
+        return next(answers, reply(text("done")))
+
+    run, client, _ = run_with(script)
+    assert run.state == "completed", (run.error_code, run.error_message)
+    assert run.output["text"] == "done"
     assert len(client.requests) == 2
-    assert _whitespace_only_messages(client.requests[1]) == []
+    assert [_whitespace_only_messages(r) for r in client.requests] == [[], []]
+    assert_requests_valid(client)
     assert_projection_matches(run)
 
 
