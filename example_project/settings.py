@@ -117,7 +117,12 @@ AGENTRUN_MODEL_CLIENT = os.environ.get(
     "AGENTRUN_MODEL_CLIENT", "django_agentrun.clients.anthropic.AnthropicModelClient"
 )
 AGENTRUN_QUEUE = os.environ.get("AGENTRUN_QUEUE") or None
-for _name in ("LEASE_SECONDS", "REAPER_INTERVAL_SECONDS", "QUEUED_STALE_SECONDS", "CANCEL_GRACE_SECONDS"):
+for _name in (
+    "LEASE_SECONDS",
+    "REAPER_INTERVAL_SECONDS",
+    "QUEUED_STALE_SECONDS",
+    "CANCEL_GRACE_SECONDS",
+):
     if os.environ.get(f"AGENTRUN_{_name}"):
         globals()[f"AGENTRUN_{_name}"] = float(os.environ[f"AGENTRUN_{_name}"])
 
@@ -127,6 +132,9 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "loggers": {
-        "django_agentrun": {"handlers": ["console"], "level": os.environ.get("AGENTRUN_LOG_LEVEL", "INFO")},
+        "django_agentrun": {
+            "handlers": ["console"],
+            "level": os.environ.get("AGENTRUN_LOG_LEVEL", "INFO"),
+        },
     },
 }
