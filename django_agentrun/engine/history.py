@@ -38,12 +38,12 @@ def build_messages(input: Any, turns: Iterable[TurnRecord]) -> list[dict[str, An
 
 
 def sanitize_content(content: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Content as it can be sent back: no empty text blocks, tool_use input always an object."""
+    """Content as it can be sent back: no blank text blocks, tool_use input always an object."""
     clean: list[dict[str, Any]] = []
     for block in content:
         kind = block.get("type")
-        if kind == "text" and not block.get("text"):
-            continue
+        if kind == "text" and not str(block.get("text") or "").strip():
+            continue  # the API rejects empty and whitespace-only text blocks
         if kind == "tool_use" and not isinstance(block.get("input"), dict):
             block = {**block, "input": {}}
         clean.append(block)

@@ -429,6 +429,28 @@ class _Step:
                 },
             )
         ]
+        ids = [b.get("id") for b in blocks]
+        if not all(ids) or len(set(ids)) != len(ids):
+            # Unanswerable: results could not be matched to calls, and the API would refuse
+            # this content in the history. Keep it in the event only and stop here.
+            events[0][1]["discarded"] = True
+            _save(
+                turn,
+                None,
+                message_id=response.message_id,
+                request_id=response.request_id,
+                stop_reason=stop,
+                **usage,
+            )
+            self._fail(
+                "invalid_model_output",
+                "The model returned tool_use blocks with missing or duplicate ids; the response "
+                "was recorded (and paid for) but not used.",
+                "model",
+                events,
+                turn=turn,
+                incr={**usage, "cost_usd": cost},
+            )
         calls = self._intents(turn, blocks, truncated_id, events)
         if calls:
             ToolCall.objects.bulk_create(calls)

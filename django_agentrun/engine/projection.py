@@ -47,7 +47,8 @@ def project(events: Iterable[Any]) -> Projection:
         if kind == "run_created":
             run_input = payload["input"]
         elif kind == "model_response":
-            contents[payload["turn_index"]] = payload["content"]
+            if not payload.get("discarded"):
+                contents[payload["turn_index"]] = payload["content"]
             for name in USAGE_KEYS:
                 out.usage[name] += int(payload["usage"].get(name, 0))
         elif kind == "tool_call_requested":
