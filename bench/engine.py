@@ -198,6 +198,8 @@ def run(quick: bool) -> None:
     rtt: list[float] = []
     reference: list[float] = []
     cpu_times: dict[Any, list[float]] = defaultdict(list)
+    by_index = _BY_INDEX
+    by_index.clear()
     times: dict[Any, list[float]] = defaultdict(list)
     counted: dict[Any, list[dict[str, float]]] = defaultdict(list)
     sql: dict[Any, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
@@ -242,6 +244,7 @@ def run(quick: bool) -> None:
                         outcome = advance(run_obj.pk, client=client)
                         times[key].append(time.perf_counter() - start)
                         cpu_times[key].append(time.process_time() - cpu)
+                        by_index[(k, i)].append(times[key][-1])
                     if outcome != Outcome.CONTINUED:
                         break
                 floor += floor_times(floor_per_run)
@@ -353,6 +356,7 @@ def _report(
         f"  = {ref_ms / floor_ms:.2f} floor commits (n={len(reference)}); the engine spends "
         f"{marginal / ref_ms:.1f}x that"
     )
+    _history_growth(_BY_INDEX, measured)
     _breakdown(sql, counted)
     for k in KS:
         check(
@@ -378,6 +382,20 @@ def _report(
     figure(NAME, "marginal durable tool call", f"{marginal:.3f} ms")
     figure(NAME, "marginal tool call: client CPU", f"{marginal_cpu:.3f} ms")
     figure(NAME, "reference: tool call as 2 CTE statements", f"{ref_ms:.3f} ms")
+
+
+_BY_INDEX: dict[tuple[int, int], list[float]] = defaultdict(list)  # (k, turn index) -> seconds
+
+
+def _history_growth(by_index, measured: int) -> None:
+    """Each claim reloads the run, all its turns and all its tool calls: does a turn get
+    slower as the history grows?"""
+    parts = []
+    for k in KS:
+        first = median(by_index[(k, 1)]) * 1000
+        last = median(by_index[(k, measured)]) * 1000
+        parts.append(f"k={k}: {first:.2f} -> {last:.2f} ms")
+    print(f"  turn 1 -> turn {measured} (history grows; median of timed runs): " + "; ".join(parts))
 
 
 def _breakdown(sql, counted) -> None:

@@ -227,7 +227,7 @@ def _purge_redis(queues: list[str]) -> None:
         for queue in queues:
             for key in client.scan_iter(match=f"{queue}*"):
                 client.delete(key)
-            client.delete(f"_kombu.binding.{queue}")
+            client.delete(f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}")
         # Messages of killed workers wait in `unacked` for the visibility timeout: drop ours.
         for tag, payload in client.hgetall("unacked").items():
             if any(q.encode() in payload for q in queues):
