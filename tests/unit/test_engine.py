@@ -212,15 +212,8 @@ def test_bad_output__tool_use_input_not_an_object_is_sanitized():
     assert_projection_matches(run)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG: two tool_use blocks with the same id in one response hit the ToolCall unique "
-        "constraint: advance() raises IntegrityError, the turn stays running, and every recovery "
-        "asks the (paid) model again until recovery_exhausted - instead of failing at once"
-    ),
-)
 def test_bad_output__duplicate_tool_use_ids_end_the_run():
+    """Regression (fixed in 5a4fdb9): repeated ids used to crash on the unique key, forever."""
     client = ScriptedClient(
         [
             reply(
@@ -235,14 +228,41 @@ def test_bad_output__duplicate_tool_use_ids_end_the_run():
     for _ in range(3):
         try:
             outcomes.append(advance(run.pk, client=client))
-        except Exception as exc:  # noqa: BLE001 - the bug: the step crashes
+        except Exception as exc:  # noqa: BLE001 - the old bug: the step crashed
             outcomes.append(type(exc).__name__)
         run.refresh_from_db()
         if not run.is_active:
             break
     assert run.state in ("failed", "completed"), (run.state, outcomes)
+    assert (run.state, run.error_code, run.failure_phase) == (
+        "failed",
+        "invalid_model_output",
+        "model",
+    )
+    assert run.output_tokens == 10  # the discarded response's usage is counted once
     assert len(client.requests) == 1  # the (paid) model call is not repeated
     assert executions("lookup") == []
+    assert_projection_matches(run)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "BUG: a tool_use id reused from an earlier turn is accepted and its tool executed; the "
+        "next request repeats the id in the history, which the Messages API rejects (400)"
+    ),
+)
+def test_bad_output__tool_use_id_reused_from_an_earlier_turn_is_not_executed():
+    run, client, _ = run_with(
+        [
+            reply(tool_use("lookup", {"query": "first"}, id="toolu_reused")),
+            reply(tool_use("lookup", {"query": "second"}, id="toolu_reused")),
+            reply(text("done")),
+        ]
+    )
+    assert [e["query"] for e in executions("lookup")] == ["first"]
+    assert_requests_valid(client)  # every history the engine sent is one the API accepts
+    assert run.state == "failed" and run.error_code == "invalid_model_output"
     assert_projection_matches(run)
 
 
@@ -261,15 +281,8 @@ def _whitespace_only_messages(request):
     return bad
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG: sanitize_content drops empty text blocks but keeps whitespace-only ones; a paused "
-        "turn whose only text is whitespace is sent back and the real API rejects the request "
-        "(400 'text content blocks must contain non-whitespace text')"
-    ),
-)
 def test_bad_output__whitespace_only_text_is_not_sent_back():
+    """Regression (fixed in 5a4fdb9): the real API rejects whitespace-only text messages."""
     answers = iter([reply(text("\n\n"), stop_reason="pause_turn")])
 
     def script(request):
