@@ -192,9 +192,16 @@ def _recover(run: Run, now: datetime) -> str:
     in_flight = list(
         run.tool_calls.filter(state=ToolCallState.IN_FLIGHT).values_list("tool_call_id", flat=True)
     )
-    # The engine claims the expired lease itself (counting the recovery) after we commit.
+    # Reserve the run under our row lock, so a second reaper scanning after we commit no
+    # longer sees an expired lease; the engine takes the reservation over (counting the
+    # recovery, since the dead holder never released it) after we commit.
+    marker = f"reaper:{services.worker_identity()}"
+    Run.objects.filter(pk=run.pk).update(
+        lease_owner=marker,
+        lease_expires_at=now + timedelta(seconds=agentrun_settings.LEASE_SECONDS),
+    )
     # robust: a failure here is logged and must not abort the rest of the sweep.
-    transaction.on_commit(lambda: recover_in_flight(run.pk), robust=True)
+    transaction.on_commit(lambda: recover_in_flight(run.pk, steal_from=marker), robust=True)
     return f"re-enqueued; in-flight calls: {', '.join(in_flight) or 'none'}"
 
 

@@ -139,12 +139,7 @@ def _write_run(
     last_seq, cancel_requested = int(row[0]), row[1] is not None
     first = last_seq - len(events) + 1
     if events:
-        RunEvent.objects.bulk_create(
-            [
-                RunEvent(run_id=run.pk, seq=first + i, type=kind, payload=payload, created_at=now)
-                for i, (kind, payload) in enumerate(events)
-            ]
-        )
+        _insert_events(run.pk, first, events, now)
     run.last_seq = last_seq
     for name, value in fields.items():
         if name != "state":
@@ -168,17 +163,56 @@ def _refused(run: Run, lease: Lease | None, old_state: str | None) -> None:
 
 
 def _save(obj: Turn | ToolCall, old_state: str | None, **fields: Any) -> None:
-    """Compare-and-set UPDATE of a turn or tool call (state from memory, other fields given)."""
+    """Compare-and-set UPDATE of a turn or tool call (state from memory, other fields given).
+
+    Raw SQL on the hot path: one statement, no ORM query compilation."""
+    model = type(obj)
     if old_state is not None:
         fields["state"] = obj.state
-    qs = type(obj).objects.filter(pk=obj.pk)
+    qn = connection.ops.quote_name
+    meta = model._meta
+    sets, params = [], []
+    for name, value in fields.items():
+        field = meta.get_field(name)
+        if field.is_relation:
+            value = getattr(value, "pk", value)
+            target = field.target_field
+        else:
+            target = field
+        sets.append(f"{qn(field.column)} = %s")
+        params.append(target.get_db_prep_save(value, connection))
+    sql = f"UPDATE {qn(meta.db_table)} SET {', '.join(sets)} WHERE {qn('id')} = %s"
+    params.append(obj.pk)
     if old_state is not None:
-        qs = qs.filter(state=old_state)
-    if qs.update(**fields) != 1:
-        raise ConcurrentUpdate(f"{type(obj).__name__} {obj.pk} changed concurrently")
+        sql += f" AND {qn('state')} = %s"
+        params.append(old_state)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        updated = cursor.rowcount
+    if updated != 1:
+        raise ConcurrentUpdate(f"{model.__name__} {obj.pk} changed concurrently")
     for name, value in fields.items():
         if name != "state":
             setattr(obj, name, value)
+
+
+def _insert_events(run_id: Any, first: int, events: list[Event], now: datetime) -> None:
+    """Append events in one multi-row INSERT (the model refuses anything but inserts)."""
+    qn = connection.ops.quote_name
+    payload = RunEvent._meta.get_field("payload")
+    run_db = _db(Run, "id", run_id)
+    created = _db(RunEvent, "created_at", now)
+    row = "(%s, %s, %s, %s, %s)"
+    params: list[Any] = []
+    for i, (kind, data) in enumerate(events):
+        params += [run_db, first + i, kind, payload.get_db_prep_save(data, connection), created]
+    columns = ", ".join(qn(c) for c in ("run_id", "seq", "type", "payload", "created_at"))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {qn(RunEvent._meta.db_table)} ({columns}) VALUES "
+            + ", ".join([row] * len(events)),
+            params,
+        )
 
 
 def _set_state(obj: Any, target: str) -> str:

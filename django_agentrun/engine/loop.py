@@ -96,11 +96,16 @@ def advance(
             services.release_lease(lease)
 
 
-def recover_in_flight(run_id: Any) -> str:
+def recover_in_flight(run_id: Any, *, steal_from: str | None = None) -> str:
     """The reaper's half of recovery: claim an expired lease, apply the side-effect
     policy to in_flight calls (re-run allowed, reconcile, or unknown), wake a worker."""
     step = _Step(
-        run_id, f"reaper:{services.worker_identity()}", AbortSignal(), None, recover_only=True
+        run_id,
+        f"reaper:{services.worker_identity()}",
+        AbortSignal(),
+        None,
+        recover_only=True,
+        steal_from=steal_from,
     )
     lease = step.claim()
     if lease is None:
@@ -140,8 +145,10 @@ class _Step:
         client: ModelClient | None,
         *,
         recover_only: bool = False,
+        steal_from: str | None = None,
     ):
         self.recover_only = recover_only
+        self.steal_from = steal_from
         self.run_id = run_id
         self.owner = owner
         self.abort = abort
@@ -170,7 +177,7 @@ class _Step:
 
     def claim(self) -> Lease | None:
         with transaction.atomic():  # noqa: SIM117 - _Stop is caught inside, so this commits
-            lease = services.claim_run(self.run_id, self.owner)
+            lease = services.claim_run(self.run_id, self.owner, steal_from=self.steal_from)
             if lease is None:
                 holder = (
                     Run.objects.filter(pk=self.run_id).values_list("lease_owner", flat=True).first()
@@ -430,7 +437,8 @@ class _Step:
             )
         ]
         ids = [b.get("id") for b in blocks]
-        if not all(ids) or len(set(ids)) != len(ids):
+        earlier = {c.tool_call_id for t in self.turns for c in t.calls}  # type: ignore[attr-defined]
+        if not all(ids) or len(set(ids)) != len(ids) or earlier.intersection(ids):
             # Unanswerable: results could not be matched to calls, and the API would refuse
             # this content in the history. Keep it in the event only and stop here.
             events[0][1]["discarded"] = True
@@ -444,7 +452,7 @@ class _Step:
             )
             self._fail(
                 "invalid_model_output",
-                "The model returned tool_use blocks with missing or duplicate ids; the response "
+                "The model returned tool_use blocks with missing, duplicate or reused ids; the response "
                 "was recorded (and paid for) but not used.",
                 "model",
                 events,

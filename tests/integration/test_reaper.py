@@ -169,14 +169,6 @@ def test_two_reapers__expired_leases_recovered_once(postgres, monkeypatch, no_br
 
 
 @pytest.mark.no_projection_check  # checked at the end; a failing run stops half-way
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG: the lease_expired sweep changes nothing under its row lock (it only registers an "
-        "on_commit recover_in_flight), so a second reaper that scans after the first commits, "
-        "before its recoveries claim, recovers every run again: two 'recovery' events each"
-    ),
-)
 def test_two_reapers__second_reaper_in_the_commit_window_acts_once(
     postgres, monkeypatch, no_broker
 ):
@@ -317,13 +309,6 @@ def test_reconcile_runs__bad_arguments_error_clearly(postgres, args, message):
     assert_projection_matches(run)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG: --stale-after nan/inf pass the argument check (float() parses them) and then "
-        "crash inside reap() with ValueError/OverflowError instead of a clear CommandError"
-    ),
-)
 @pytest.mark.parametrize("value", ["nan", "inf"])
 def test_reconcile_runs__stale_after_not_finite_refused(postgres, value):
     stale_queued()

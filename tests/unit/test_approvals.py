@@ -13,7 +13,7 @@ from django_agentrun.engine import Outcome, advance
 from django_agentrun.exceptions import ApprovalError, InvalidToken
 from django_agentrun.models import RunEvent, ToolCall
 from django_agentrun.recovery import reap
-from django_agentrun.services import approval_token
+from django_agentrun.services import approval_token, check_approval_token
 from django_agentrun.signals import approval_requested
 from django_agentrun.testing import ScriptedClient, reply, text, tool_use
 from tests.conftest import assert_projection_matches
@@ -61,7 +61,7 @@ def test_approval__parks_with_payload_token_and_deadline(django_capture_on_commi
         approval_requested.disconnect(dispatch_uid="t1")
     assert run.state == "awaiting_approval" and call.state == "awaiting_approval"
     assert call.approval_payload["arguments"] == {"user": "bob"}
-    assert call.approval_payload["token"] == approval_token(call)
+    check_approval_token(call, call.approval_payload["token"])  # signed, timestamped
     assert call.approval_deadline is not None
     assert len(seen) == 1 and seen[0]["tool_call"].pk == call.pk
     assert RunEvent.objects.filter(run=run, type="approval_requested").count() == 1

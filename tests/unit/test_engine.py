@@ -245,13 +245,6 @@ def test_bad_output__duplicate_tool_use_ids_end_the_run():
     assert_projection_matches(run)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG: a tool_use id reused from an earlier turn is accepted and its tool executed; the "
-        "next request repeats the id in the history, which the Messages API rejects (400)"
-    ),
-)
 def test_bad_output__tool_use_id_reused_from_an_earlier_turn_is_not_executed():
     run, client, _ = run_with(
         [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import uuid
 
 from django.core.management.base import BaseCommand, CommandError
@@ -16,6 +17,8 @@ def _seconds(value: str) -> float:
         seconds = float(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if not math.isfinite(seconds):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a finite number of seconds")
     if seconds < 0:
         raise argparse.ArgumentTypeError("seconds must not be negative")
     return seconds
