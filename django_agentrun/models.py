@@ -349,7 +349,10 @@ class ToolCallQuerySet(models.QuerySet["ToolCall"]):
 class ToolCall(FSMModelMixin, models.Model):
     """One tool_use block of a turn, its execution and its tool_result."""
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="tool_calls")
+    # No index of its own: the unique (run, turn_index, tool_call_id) leads with it.
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, related_name="tool_calls", db_index=False
+    )
     turn = models.ForeignKey(Turn, on_delete=models.CASCADE, related_name="tool_calls")
     turn_index = models.PositiveIntegerField()
     tool_call_id = models.CharField(
@@ -530,7 +533,8 @@ class RunEventQuerySet(models.QuerySet["RunEvent"]):
 class RunEvent(models.Model):
     """One entry of a run's append-only history; `seq` is gap-free per run."""
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
+    # No index of its own: the unique (run, seq) leads with it.
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events", db_index=False)
     seq = models.PositiveIntegerField()
     type = models.CharField(max_length=64)
     payload = models.JSONField(default=dict, encoder=DjangoJSONEncoder)

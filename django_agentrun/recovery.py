@@ -152,11 +152,7 @@ def _each(report: ReapReport, dry_run: bool, kind: str, qs, batch: int, act) -> 
 
 
 def _take(run: Run) -> services.Lease:
-    """Fence out any previous holder: bump the epoch under the row lock we hold."""
-    owner = f"reaper:{services.worker_identity()}"
-    Run.objects.filter(pk=run.pk).update(lease_owner=owner, lease_epoch=run.lease_epoch + 1)
-    run.lease_owner, run.lease_epoch = owner, run.lease_epoch + 1
-    return services.Lease(run.pk, owner, run.lease_epoch)
+    return services.take_lease(run, f"reaper:{services.worker_identity()}")
 
 
 def _time_out(run: Run, now: datetime) -> str:
@@ -195,11 +191,7 @@ def _recover(run: Run, now: datetime) -> str:
     # Reserve the run under our row lock, so a second reaper scanning after we commit no
     # longer sees an expired lease; the engine takes the reservation over (counting the
     # recovery, since the dead holder never released it) after we commit.
-    marker = f"reaper:{services.worker_identity()}"
-    Run.objects.filter(pk=run.pk).update(
-        lease_owner=marker,
-        lease_expires_at=now + timedelta(seconds=agentrun_settings.LEASE_SECONDS),
-    )
+    marker = _take(run).owner
     # robust: a failure here is logged and must not abort the rest of the sweep.
     transaction.on_commit(lambda: recover_in_flight(run.pk, steal_from=marker), robust=True)
     return f"re-enqueued; in-flight calls: {', '.join(in_flight) or 'none'}"

@@ -765,6 +765,19 @@ def claim_run(run_id: Any, owner: str, *, steal_from: str | None = None) -> Leas
     )
 
 
+def take_lease(run: Run, owner: str, *, seconds: float | None = None) -> Lease:
+    """Take the lease of a run whose row the caller holds locked (the reaper), fencing out
+    any previous holder by bumping the epoch."""
+    expires = timezone.now() + timedelta(
+        seconds=agentrun_settings.LEASE_SECONDS if seconds is None else seconds
+    )
+    Run.objects.filter(pk=run.pk).update(
+        lease_owner=owner, lease_expires_at=expires, lease_epoch=run.lease_epoch + 1
+    )
+    run.lease_owner, run.lease_expires_at, run.lease_epoch = owner, expires, run.lease_epoch + 1
+    return Lease(run.pk, owner, run.lease_epoch)
+
+
 def release_lease(lease: Lease) -> None:
     """Give the lease back (best effort; an expired lease is harmless)."""
     Run.objects.filter(pk=lease.run_id, lease_epoch=lease.epoch, lease_owner=lease.owner).update(

@@ -135,6 +135,8 @@ LOGGING = {
         "django_agentrun": {
             "handlers": ["console"],
             "level": os.environ.get("AGENTRUN_LOG_LEVEL", "INFO"),
+            # Celery workers also log through the root logger: one line, not two.
+            "propagate": False,
         },
     },
 }
