@@ -41,6 +41,20 @@ def _every_run_projects(request):
         assert_projection_matches(run)
 
 
+def drive(run: Run, client, limit: int = 30) -> list[str]:
+    """Advance `run` in this process until it stops continuing (parked, finished, not
+    claimed); returns the outcomes, and leaves `run` refreshed."""
+    from django_agentrun.engine import Outcome, advance
+
+    outcomes: list[str] = []
+    for _ in range(limit):
+        outcomes.append(advance(run.pk, client=client))
+        if outcomes[-1] != Outcome.CONTINUED:
+            break
+    run.refresh_from_db()
+    return outcomes
+
+
 def assert_projection_matches(run: Run) -> None:
     """The events alone rebuild the run's states, usage and history."""
     from django_agentrun.engine.history import TurnRecord, build_messages

@@ -10,10 +10,9 @@ import pytest
 
 from django_agentrun import start_run
 from django_agentrun.clients.anthropic import AnthropicModelClient
-from django_agentrun.engine import Outcome, advance
 from django_agentrun.engine.guards import FINAL_TURN_NOTICE
 from django_agentrun.models import RunEvent
-from tests.conftest import assert_projection_matches
+from tests.conftest import assert_projection_matches, drive
 from tests.messages_api import MessagesAPIServer, Reply, by_step, text, tool_use
 from tests.testapp.agents import executions
 
@@ -33,19 +32,12 @@ def client(api):
     c.close()
 
 
-def drive(run, client, limit=30):
-    for _ in range(limit):
-        if advance(run.pk, client=client) != Outcome.CONTINUED:
-            break
-    run.refresh_from_db()
-    return run
-
-
 def test_max_turns__final_turn_offers_no_tools_and_carries_the_notice(api, client):
     api.script = by_step(
         [Reply([tool_use("lookup", {"query": "a"})]), Reply([text("Best answer so far.")])]
     )
-    run = drive(start_run("two-turns", "Research a"), client)
+    run = start_run("two-turns", "Research a")
+    drive(run, client)
     assert run.state == "completed"
     assert run.stop_reason == "max_turns"
     first, final = api.bodies
@@ -64,7 +56,8 @@ def test_max_turns__tool_use_on_the_final_turn_gets_errors_and_the_run_ends(api,
             Reply([text("One more."), tool_use("lookup", {"query": "b"})], stop_reason="tool_use"),
         ]
     )
-    run = drive(start_run("two-turns", "Research a"), client)
+    run = start_run("two-turns", "Research a")
+    drive(run, client)
     assert run.state == "completed" and run.stop_reason == "max_turns"
     last = run.tool_calls.get(turn_index=1)
     assert last.state == "skipped" and last.is_error and "turn limit" in last.result
@@ -79,7 +72,8 @@ def test_max_tool_calls_per_turn__calls_past_the_cap_get_errors(api, client, tes
             Reply([text("done")]),
         ]
     )
-    run = drive(start_run("capped", "Look up four things"), client)
+    run = start_run("capped", "Look up four things")
+    drive(run, client)
     assert run.state == "completed"
     calls = list(run.tool_calls.order_by("position"))
     assert [c.state for c in calls] == ["succeeded", "succeeded", "skipped", "skipped"]
@@ -99,7 +93,8 @@ def test_repeated_call__nth_identical_call_is_intercepted(api, client, test_log)
         return Reply([text("giving up on that")])
 
     api.script = script
-    run = drive(start_run("test-agent", "Loop please"), client)
+    run = start_run("test-agent", "Loop please")
+    drive(run, client)
     assert run.state == "completed"
     calls = list(run.tool_calls.order_by("turn_index"))
     assert [c.state for c in calls] == ["succeeded", "succeeded", "skipped", "skipped"]
@@ -115,7 +110,8 @@ def test_budget__breach_is_detected_before_the_request(api, client):
     api.script = lambda body: Reply(
         [tool_use("lookup", {"query": "x"})], usage={"output_tokens": 1000}
     )
-    run = drive(start_run("budgeted", "Spend"), client)
+    run = start_run("budgeted", "Spend")
+    drive(run, client)
     assert run.state == "failed"
     assert run.error_code == "budget_exceeded" and run.failure_phase == "pre_turn"
     assert "max_output_tokens" in run.error_message
@@ -129,7 +125,8 @@ def test_budget__cache_read_tokens_count_toward_their_own_limit(api, client):
         [tool_use("lookup", {"query": "x"})],
         usage={"input_tokens": 10, "output_tokens": 5, "cache_read_input_tokens": 4000},
     )
-    run = drive(start_run("cache-budget", "Read cache"), client)
+    run = start_run("cache-budget", "Read cache")
+    drive(run, client)
     assert run.state == "failed" and run.error_code == "budget_exceeded"
     assert "max_cache_read_tokens" in run.error_message
     assert run.cache_read_input_tokens == 4000
@@ -143,7 +140,8 @@ def test_budget__cache_creation_tokens_count_toward_the_cost(api, client):
         [tool_use("lookup", {"query": "x"})],
         usage={"input_tokens": 10, "output_tokens": 5, "cache_creation_input_tokens": 10_000},
     )
-    run = drive(start_run("cost-budget", "Write cache"), client)
+    run = start_run("cost-budget", "Write cache")
+    drive(run, client)
     assert run.state == "failed" and run.error_code == "budget_exceeded"
     assert "max_cost_usd" in run.error_message
     assert run.cache_creation_input_tokens == 10_000

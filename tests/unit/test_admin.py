@@ -18,11 +18,12 @@ from django_agentrun.admin import (
     TOOL_CALL_STATE_COLOURS,
     TURN_STATE_COLOURS,
 )
-from django_agentrun.engine import Outcome, advance
+from django_agentrun.engine import Outcome
 from django_agentrun.failpoints import FailpointError
 from django_agentrun.models import Run, RunEvent, ToolCall
 from django_agentrun.states import RunState, ToolCallState, TurnState
 from django_agentrun.testing import ScriptedClient, reply, text, tool_use
+from tests.conftest import drive
 
 pytestmark = pytest.mark.django_db
 
@@ -63,17 +64,6 @@ def approver(make_staff):
 @pytest.fixture
 def operator(make_staff):
     return make_staff("operator", "cancel_run")
-
-
-def drive(run, model, limit=10):
-    """Advance until the run stops continuing (parked, finished or not claimed)."""
-    outcomes = []
-    for _ in range(limit):
-        outcomes.append(advance(run.pk, client=model))
-        if outcomes[-1] != Outcome.CONTINUED:
-            break
-    run.refresh_from_db()
-    return outcomes
 
 
 @pytest.fixture

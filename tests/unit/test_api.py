@@ -13,16 +13,21 @@ from rest_framework.test import APIClient
 
 from django_agentrun import exceptions, services, start_run
 from django_agentrun.api.views import ERROR_STATUS, status_for
-from django_agentrun.engine import Outcome, advance
+from django_agentrun.engine import Outcome
 from django_agentrun.failpoints import FailpointError
 from django_agentrun.models import Run, RunEvent, ToolCall
 from django_agentrun.states import RunState, ToolCallState
 from django_agentrun.testing import ScriptedClient, reply, text, tool_use
+from tests.conftest import drive
 
 pytestmark = pytest.mark.django_db
 
 RUNS = reverse("agentrun:run-list")
 PENDING = reverse("agentrun:toolcall-pending")
+
+
+def drive_last(run, client, limit=30):
+    return drive(run, client, limit)[-1]
 
 
 # --------------------------------------------------------------------------- fixtures
@@ -61,16 +66,6 @@ def api():
     return client
 
 
-def drive(run, model, limit=10):
-    outcome = None
-    for _ in range(limit):
-        outcome = advance(run.pk, client=model)
-        if outcome != Outcome.CONTINUED:
-            break
-    run.refresh_from_db()
-    return outcome
-
-
 @pytest.fixture
 def park():
     """A test-agent run of `owner` parked on a delete_account approval."""
@@ -83,7 +78,7 @@ def park():
             ]
         )
         run = start_run("test-agent", "delete bob", owner=owner)
-        assert drive(run, model) == Outcome.PARKED
+        assert drive_last(run, model) == Outcome.PARKED
         return run, ToolCall.objects.get(run=run), model
 
     return make
@@ -100,10 +95,10 @@ def unknown(monkeypatch):
         run = start_run("test-agent", "charge", owner=owner)
         monkeypatch.setenv("AGENTRUN_FAILPOINTS", "tool.before_handler=raise")
         with pytest.raises(FailpointError):
-            drive(run, model)
+            drive_last(run, model)
         monkeypatch.delenv("AGENTRUN_FAILPOINTS")
         Run.objects.filter(pk=run.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
-        assert drive(run, model) == Outcome.PARKED
+        assert drive_last(run, model) == Outcome.PARKED
         call = ToolCall.objects.get(run=run)
         assert call.state == ToolCallState.UNKNOWN
         return run, call, model
@@ -443,7 +438,7 @@ def test_cancel__with_cancel_permission_or_refused(api, alice, make_user, park):
 
 def test_cancel__a_completed_run_is_409_with_its_code(api, alice):
     run = start_run("test-agent", "hi", owner=alice)
-    drive(run, ScriptedClient([reply(text("Hello."))]))
+    drive_last(run, ScriptedClient([reply(text("Hello."))]))
     assert run.state == RunState.COMPLETED
     response = api(alice).post(run_url(run, "cancel"), format="json")
     assert response.status_code == 409
@@ -508,7 +503,7 @@ def test_approve__then_the_run_continues_and_finishes(api, decider, park):
     assert response.status_code == 200, response.data
     assert (response.data["state"], response.data["run_state"]) == ("requested", "awaiting_tool")
     assert (response.data["decided_by"], response.data["decision_note"]) == (decider.pk, "ok")
-    assert drive(run, model) == Outcome.FINISHED
+    assert drive_last(run, model) == Outcome.FINISHED
     assert run.state == RunState.COMPLETED
     call.refresh_from_db()
     assert (call.state, call.result) == (ToolCallState.SUCCEEDED, "deleted bob")
@@ -567,7 +562,7 @@ def test_approve__edited_arguments_are_recorded(api, decider, park):
     assert response.status_code == 200
     assert response.data["arguments"] == {"user": "alice"}
     assert response.data["original_arguments"] == {"user": "bob"}
-    drive(run, model)
+    drive_last(run, model)
     call.refresh_from_db()
     assert call.result == "deleted alice"
 
@@ -584,7 +579,7 @@ def test_reject__with_a_reason_then_the_run_finishes(api, decider, park):
     assert response.status_code == 200
     assert (response.data["state"], response.data["is_error"]) == ("rejected", True)
     assert "bob is a VIP" in response.data["result"] and response.data["source"] == "person"
-    assert drive(run, model) == Outcome.FINISHED
+    assert drive_last(run, model) == Outcome.FINISHED
     assert run.state == RunState.COMPLETED
 
 
@@ -606,7 +601,7 @@ def test_resolve__unknown_call_marked_done(api, decider, unknown):
     assert response.status_code == 200, response.data
     assert (response.data["state"], response.data["source"]) == ("succeeded", "person")
     assert response.data["run_state"] == "awaiting_tool"
-    assert drive(run, model) == Outcome.FINISHED
+    assert drive_last(run, model) == Outcome.FINISHED
     assert run.state == RunState.COMPLETED
     again = client.post(call_url(call, "resolve"), {"action": "fail"}, format="json")
     assert again.status_code == 409 and "not unknown" in again.data["detail"]
@@ -620,7 +615,7 @@ def test_resolve__retry_runs_the_tool_once_more(api, decider, unknown):
         format="json",
     )
     assert response.status_code == 200 and response.data["state"] == "requested"
-    assert drive(run, model) == Outcome.FINISHED
+    assert drive_last(run, model) == Outcome.FINISHED
     call.refresh_from_db()
     assert (call.state, call.result) == (ToolCallState.SUCCEEDED, "charged 500")
 

@@ -16,24 +16,18 @@ from django_agentrun.recovery import reap
 from django_agentrun.services import approval_token, check_approval_token
 from django_agentrun.signals import approval_requested
 from django_agentrun.testing import ScriptedClient, reply, text, tool_use
-from tests.conftest import assert_projection_matches
+from tests.conftest import assert_projection_matches, drive
 
 pytestmark = pytest.mark.django_db
+
+
+def drive_last(run, client, limit=30):
+    return drive(run, client, limit)[-1]
 
 
 @pytest.fixture
 def person():
     return get_user_model().objects.create_user("pat", password="x")
-
-
-def drive(run, client, limit=20):
-    out = None
-    for _ in range(limit):
-        out = advance(run.pk, client=client)
-        if out != Outcome.CONTINUED:
-            break
-    run.refresh_from_db()
-    return out
 
 
 def parked(args=None, name="delete_account", agent="approvals"):
@@ -47,7 +41,7 @@ def parked(args=None, name="delete_account", agent="approvals"):
         ]
     )
     run = start_run(agent, "Do it")
-    assert drive(run, client) == Outcome.PARKED
+    assert drive_last(run, client) == Outcome.PARKED
     return run, client, run.tool_calls.get(tool_call_id="toolu_a")
 
 
@@ -76,7 +70,7 @@ def test_approval__approve_then_the_run_finishes_and_twice_is_a_noop(person):
     approve_tool_call(call, by=person)  # no-op
     run.refresh_from_db()
     assert run.last_seq == events
-    drive(run, client)
+    drive_last(run, client)
     assert run.state == "completed"
     call.refresh_from_db()
     assert call.state == "succeeded" and call.decided_by == person and call.decision_note == "ok"
@@ -104,7 +98,7 @@ def test_approval__edited_arguments_are_revalidated_and_recorded(person):
     approve_tool_call(call, by=person, arguments={"user": "carol"})
     call.refresh_from_db()
     assert call.arguments == {"user": "carol"} and call.original_arguments == {"user": "bob"}
-    drive(run, client)
+    drive_last(run, client)
     call.refresh_from_db()
     assert call.result == "deleted carol"
     assert_projection_matches(run)
@@ -115,7 +109,7 @@ def test_approval__rejection_tells_the_model_and_the_run_goes_on(person):
     reject_tool_call(call, by=person, reason="not allowed on Fridays")
     call.refresh_from_db()
     assert call.state == "rejected" and call.is_error and "not allowed on Fridays" in call.result
-    drive(run, client)
+    drive_last(run, client)
     assert run.state == "completed"
     # The model saw the rejection as the first tool_result, in order, then the lookup's.
     results = client.requests[-1].messages[-1]["content"]
@@ -129,7 +123,7 @@ def test_approval__rejection_tells_the_model_and_the_run_goes_on(person):
 def test_approval__callable_policy(person):
     client = ScriptedClient([reply(tool_use("refund", {"amount_cents": 500})), reply(text("ok"))])
     run = start_run("approvals", "small refund")
-    assert drive(run, client) == Outcome.FINISHED
+    assert drive_last(run, client) == Outcome.FINISHED
     assert run.state == "completed"
     run, _, call = parked({"amount_cents": 50_000}, name="refund")
     assert call.state == "awaiting_approval"
@@ -174,7 +168,7 @@ def test_deadline__reaper_times_out_a_queued_run():
 def test_atomic_tool__runs_inside_the_result_transaction():
     client = ScriptedClient([reply(tool_use("bump_counter", {"name": "x"})), reply(text("ok"))])
     run = start_run("approvals", "count")
-    drive(run, client)
+    drive_last(run, client)
     assert run.state == "completed"
     call = run.tool_calls.get()
     assert call.state == "succeeded" and call.attempt == 0

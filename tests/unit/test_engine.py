@@ -15,7 +15,7 @@ from django_agentrun.clients import ModelError
 from django_agentrun.engine import Outcome, advance
 from django_agentrun.models import RunEvent
 from django_agentrun.testing import Reply, ScriptedClient, error, reply, text, tool_use
-from tests.conftest import assert_projection_matches
+from tests.conftest import assert_projection_matches, drive
 from tests.messages_api import validate_request
 from tests.testapp.agents import executions
 
@@ -27,17 +27,6 @@ def test_log(tmp_path, monkeypatch):
     path = tmp_path / "executions.jsonl"
     monkeypatch.setenv("AGENTRUN_TEST_LOG", str(path))
     return path
-
-
-def drive(run, client, limit=20):
-    outcomes = []
-    for _ in range(limit):
-        out = advance(run.pk, client=client)
-        outcomes.append(out)
-        if out != Outcome.CONTINUED:
-            break
-    run.refresh_from_db()
-    return outcomes
 
 
 def body_of(request):

@@ -3,21 +3,10 @@ from __future__ import annotations
 import pytest
 
 from django_agentrun import start_run
-from django_agentrun.engine import Outcome, advance
 from django_agentrun.testing import ScriptedClient, reply, text, tool_use
-from tests.conftest import assert_projection_matches
+from tests.conftest import assert_projection_matches, drive
 
 pytestmark = pytest.mark.django_db(transaction=False)
-
-
-def drive(run, client, limit=20):
-    outcomes = []
-    for _ in range(limit):
-        out = advance(run.pk, client=client)
-        outcomes.append(out)
-        if out != Outcome.CONTINUED:
-            break
-    return outcomes
 
 
 def test_two_turns(django_capture_on_commit_callbacks):

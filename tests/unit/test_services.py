@@ -23,20 +23,9 @@ from django_agentrun.exceptions import (
 )
 from django_agentrun.models import Run, RunEvent, ToolCall, Turn
 from django_agentrun.testing import ScriptedClient, error, reply, text, tool_use
-from tests.conftest import assert_projection_matches
+from tests.conftest import assert_projection_matches, drive
 
 # --------------------------------------------------------------------------- helpers
-
-
-def drive(run, client, limit=20):
-    outcomes = []
-    for _ in range(limit):
-        out = advance(run.pk, client=client)
-        outcomes.append(out)
-        if out != Outcome.CONTINUED:
-            break
-    run.refresh_from_db()
-    return outcomes
 
 
 def completed_run():
