@@ -39,6 +39,19 @@ def _width(choices: type[models.TextChoices]) -> int:
     return max(len(value) for value in choices.values)
 
 
+def _to(field: FSMField, table: dict[str, frozenset[str]], target: str) -> Any:
+    """The django-fsm transition to `target`, its sources read from `table` (states.py).
+
+    It changes the state in memory only; services.py persists it with its events."""
+
+    def method(self: Any) -> None:
+        pass
+
+    method.__name__ = method.__qualname__ = f"to_{target}"
+    method.__doc__ = f"Move to {target!r} (in memory; saved by services)."
+    return transition(field=field, source=sources_of(table, target), target=target)(method)
+
+
 def idempotency_key_for(run_id: uuid.UUID | str, tool_call_id: str) -> str:
     """sha256(run_id + tool_call_id), hex: the key a tool passes to the outside world."""
     return hashlib.sha256(f"{run_id}{tool_call_id}".encode()).hexdigest()
@@ -185,63 +198,14 @@ class Run(FSMModelMixin, models.Model):
         return f"{self.agent} run {self.id} ({self.state})"
 
     # Transitions: one per target state, sources from RUN_TRANSITIONS.
-    @transition(
-        field=state, source=sources_of(RUN_TRANSITIONS, RunState.QUEUED), target=RunState.QUEUED
-    )
-    def to_queued(self) -> None:
-        pass
-
-    @transition(
-        field=state, source=sources_of(RUN_TRANSITIONS, RunState.RUNNING), target=RunState.RUNNING
-    )
-    def to_running(self) -> None:
-        pass
-
-    @transition(
-        field=state,
-        source=sources_of(RUN_TRANSITIONS, RunState.AWAITING_TOOL),
-        target=RunState.AWAITING_TOOL,
-    )
-    def to_awaiting_tool(self) -> None:
-        pass
-
-    @transition(
-        field=state,
-        source=sources_of(RUN_TRANSITIONS, RunState.AWAITING_APPROVAL),
-        target=RunState.AWAITING_APPROVAL,
-    )
-    def to_awaiting_approval(self) -> None:
-        pass
-
-    @transition(
-        field=state,
-        source=sources_of(RUN_TRANSITIONS, RunState.COMPLETED),
-        target=RunState.COMPLETED,
-    )
-    def to_completed(self) -> None:
-        pass
-
-    @transition(
-        field=state, source=sources_of(RUN_TRANSITIONS, RunState.FAILED), target=RunState.FAILED
-    )
-    def to_failed(self) -> None:
-        pass
-
-    @transition(
-        field=state,
-        source=sources_of(RUN_TRANSITIONS, RunState.CANCELLED),
-        target=RunState.CANCELLED,
-    )
-    def to_cancelled(self) -> None:
-        pass
-
-    @transition(
-        field=state,
-        source=sources_of(RUN_TRANSITIONS, RunState.TIMED_OUT),
-        target=RunState.TIMED_OUT,
-    )
-    def to_timed_out(self) -> None:
-        pass
+    to_queued = _to(state, RUN_TRANSITIONS, RunState.QUEUED)
+    to_running = _to(state, RUN_TRANSITIONS, RunState.RUNNING)
+    to_awaiting_tool = _to(state, RUN_TRANSITIONS, RunState.AWAITING_TOOL)
+    to_awaiting_approval = _to(state, RUN_TRANSITIONS, RunState.AWAITING_APPROVAL)
+    to_completed = _to(state, RUN_TRANSITIONS, RunState.COMPLETED)
+    to_failed = _to(state, RUN_TRANSITIONS, RunState.FAILED)
+    to_cancelled = _to(state, RUN_TRANSITIONS, RunState.CANCELLED)
+    to_timed_out = _to(state, RUN_TRANSITIONS, RunState.TIMED_OUT)
 
     @property
     def is_active(self) -> bool:
@@ -294,35 +258,10 @@ class Turn(FSMModelMixin, models.Model):
     def __str__(self) -> str:
         return f"turn {self.index} of {self.run_id} ({self.state})"
 
-    @transition(
-        field=state,
-        source=sources_of(TURN_TRANSITIONS, TurnState.AWAITING_TOOL),
-        target=TurnState.AWAITING_TOOL,
-    )
-    def to_awaiting_tool(self) -> None:
-        pass
-
-    @transition(
-        field=state,
-        source=sources_of(TURN_TRANSITIONS, TurnState.COMPLETED),
-        target=TurnState.COMPLETED,
-    )
-    def to_completed(self) -> None:
-        pass
-
-    @transition(
-        field=state,
-        source=sources_of(TURN_TRANSITIONS, TurnState.CANCELLED),
-        target=TurnState.CANCELLED,
-    )
-    def to_cancelled(self) -> None:
-        pass
-
-    @transition(
-        field=state, source=sources_of(TURN_TRANSITIONS, TurnState.FAILED), target=TurnState.FAILED
-    )
-    def to_failed(self) -> None:
-        pass
+    to_awaiting_tool = _to(state, TURN_TRANSITIONS, TurnState.AWAITING_TOOL)
+    to_completed = _to(state, TURN_TRANSITIONS, TurnState.COMPLETED)
+    to_cancelled = _to(state, TURN_TRANSITIONS, TurnState.CANCELLED)
+    to_failed = _to(state, TURN_TRANSITIONS, TurnState.FAILED)
 
     def usage(self) -> dict[str, int]:
         return {
@@ -423,77 +362,15 @@ class ToolCall(FSMModelMixin, models.Model):
     def __str__(self) -> str:
         return f"{self.name} ({self.tool_call_id}, {self.state})"
 
-    @transition(
-        field=state,
-        source=sources_of(TOOL_CALL_TRANSITIONS, ToolCallState.REQUESTED),
-        target=ToolCallState.REQUESTED,
-    )
-    def to_requested(self) -> None:
-        pass
-
-    @transition(
-        field=state,
-        source=sources_of(TOOL_CALL_TRANSITIONS, ToolCallState.AWAITING_APPROVAL),
-        target=ToolCallState.AWAITING_APPROVAL,
-    )
-    def to_awaiting_approval(self) -> None:
-        pass
-
-    @transition(
-        field=state,
-        source=sources_of(TOOL_CALL_TRANSITIONS, ToolCallState.IN_FLIGHT),
-        target=ToolCallState.IN_FLIGHT,
-    )
-    def to_in_flight(self) -> None:
-        pass
-
-    @transition(
-        field=state,
-        source=sources_of(TOOL_CALL_TRANSITIONS, ToolCallState.UNKNOWN),
-        target=ToolCallState.UNKNOWN,
-    )
-    def to_unknown(self) -> None:
-        pass
-
-    @transition(
-        field=state,
-        source=sources_of(TOOL_CALL_TRANSITIONS, ToolCallState.SUCCEEDED),
-        target=ToolCallState.SUCCEEDED,
-    )
-    def to_succeeded(self) -> None:
-        pass
-
-    @transition(
-        field=state,
-        source=sources_of(TOOL_CALL_TRANSITIONS, ToolCallState.ERRORED),
-        target=ToolCallState.ERRORED,
-    )
-    def to_errored(self) -> None:
-        pass
-
-    @transition(
-        field=state,
-        source=sources_of(TOOL_CALL_TRANSITIONS, ToolCallState.REJECTED),
-        target=ToolCallState.REJECTED,
-    )
-    def to_rejected(self) -> None:
-        pass
-
-    @transition(
-        field=state,
-        source=sources_of(TOOL_CALL_TRANSITIONS, ToolCallState.SKIPPED),
-        target=ToolCallState.SKIPPED,
-    )
-    def to_skipped(self) -> None:
-        pass
-
-    @transition(
-        field=state,
-        source=sources_of(TOOL_CALL_TRANSITIONS, ToolCallState.CANCELLED),
-        target=ToolCallState.CANCELLED,
-    )
-    def to_cancelled(self) -> None:
-        pass
+    to_requested = _to(state, TOOL_CALL_TRANSITIONS, ToolCallState.REQUESTED)
+    to_awaiting_approval = _to(state, TOOL_CALL_TRANSITIONS, ToolCallState.AWAITING_APPROVAL)
+    to_in_flight = _to(state, TOOL_CALL_TRANSITIONS, ToolCallState.IN_FLIGHT)
+    to_unknown = _to(state, TOOL_CALL_TRANSITIONS, ToolCallState.UNKNOWN)
+    to_succeeded = _to(state, TOOL_CALL_TRANSITIONS, ToolCallState.SUCCEEDED)
+    to_errored = _to(state, TOOL_CALL_TRANSITIONS, ToolCallState.ERRORED)
+    to_rejected = _to(state, TOOL_CALL_TRANSITIONS, ToolCallState.REJECTED)
+    to_skipped = _to(state, TOOL_CALL_TRANSITIONS, ToolCallState.SKIPPED)
+    to_cancelled = _to(state, TOOL_CALL_TRANSITIONS, ToolCallState.CANCELLED)
 
     @property
     def is_closed(self) -> bool:
