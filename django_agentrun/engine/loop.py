@@ -66,9 +66,20 @@ def advance(
     heartbeat: bool = False,
 ) -> str:
     """Advance the run by at most one turn. Safe to call twice at once: one claims it."""
-    owner = owner or services.worker_identity()
-    abort = abort or AbortSignal()
-    step = _Step(run_id, owner, abort, client)
+    step = _Step(run_id, owner or services.worker_identity(), abort or AbortSignal(), client)
+    return _drive(step, heartbeat=heartbeat)
+
+
+def recover_in_flight(run_id: Any, *, steal_from: str | None = None) -> str:
+    """The reaper's half of recovery: claim an expired lease, apply the side-effect
+    policy to in_flight calls (re-run allowed, reconcile, or unknown), wake a worker."""
+    owner = f"reaper:{services.worker_identity()}"
+    step = _Step(run_id, owner, AbortSignal(), None, recover_only=True, steal_from=steal_from)
+    return _drive(step)
+
+
+def _drive(step: _Step, *, heartbeat: bool = False) -> str:
+    """Claim, run the step under the lease (with a heartbeat if asked), release."""
     lease = step.claim()
     if lease is None:
         return Outcome.NOT_CLAIMED
@@ -76,45 +87,22 @@ def advance(
     if heartbeat:
         from .heartbeat import Heartbeat
 
-        beat = Heartbeat(lease, abort)
+        beat = Heartbeat(lease, step.abort)
         beat.start()
     try:
         return step.run()
     except LeaseLost:
-        logger.warning("Lease lost run_id=%s epoch=%s", run_id, lease.epoch)
+        logger.warning("Lease lost run_id=%s epoch=%s", step.run_id, lease.epoch)
         return Outcome.LEASE_LOST
     except Exception:
         # Treat it like a crash: the lease lapses, the reaper recovers the run and counts
         # the recovery, so a poison step ends as recovery_exhausted instead of looping.
-        logger.exception("Advancing failed run_id=%s epoch=%s", run_id, lease.epoch)
+        logger.exception("Advancing failed run_id=%s epoch=%s", step.run_id, lease.epoch)
         step.released = True
         raise
     finally:
         if beat is not None:
             beat.stop()
-        if not step.released:
-            services.release_lease(lease)
-
-
-def recover_in_flight(run_id: Any, *, steal_from: str | None = None) -> str:
-    """The reaper's half of recovery: claim an expired lease, apply the side-effect
-    policy to in_flight calls (re-run allowed, reconcile, or unknown), wake a worker."""
-    step = _Step(
-        run_id,
-        f"reaper:{services.worker_identity()}",
-        AbortSignal(),
-        None,
-        recover_only=True,
-        steal_from=steal_from,
-    )
-    lease = step.claim()
-    if lease is None:
-        return Outcome.NOT_CLAIMED
-    try:
-        return step.run()
-    except LeaseLost:
-        return Outcome.LEASE_LOST
-    finally:
         if not step.released:
             services.release_lease(lease)
 
