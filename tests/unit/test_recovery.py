@@ -1,0 +1,71 @@
+"""A poison step (the worker dies every time) ends as recovery_exhausted, never loops."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from django_agentrun import start_run
+from django_agentrun.engine import advance
+from django_agentrun.failpoints import FailpointError
+from django_agentrun.models import Run, RunEvent
+from django_agentrun.recovery import reap
+from django_agentrun.testing import ScriptedClient, reply, text, tool_use
+from tests.testapp.agents import executions
+
+pytestmark = pytest.mark.django_db
+
+
+def _expire(run):
+    Run.objects.filter(pk=run.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+
+
+def _poisoned_run(monkeypatch, test_log):
+    monkeypatch.setenv("AGENTRUN_FAILPOINTS", "tool.after_handler@lookup=raise")
+    client = ScriptedClient([reply(tool_use("lookup", {"query": "x"})), reply(text("never"))])
+    run = start_run("test-agent", "go")
+    with pytest.raises(FailpointError):
+        advance(run.pk, client=client)  # dies after the handler: the lease is left to lapse
+    return run, client
+
+
+@pytest.fixture
+def test_log(tmp_path, monkeypatch):
+    monkeypatch.setenv("AGENTRUN_TEST_LOG", str(tmp_path / "log.jsonl"))
+
+
+def test_recovery__capped_in_the_engine(monkeypatch, settings, test_log):
+    settings.AGENTRUN_MAX_RECOVERY_ATTEMPTS = 2
+    run, client = _poisoned_run(monkeypatch, test_log)
+    for _ in range(2):  # each recovery re-runs the read_only call, which dies again
+        _expire(run)
+        with pytest.raises(FailpointError):
+            advance(run.pk, client=client)
+    _expire(run)
+    assert advance(run.pk, client=client) == "finished"
+    run.refresh_from_db()
+    assert (run.state, run.error_code, run.failure_phase) == (
+        "failed",
+        "recovery_exhausted",
+        "recovery",
+    )
+    assert len(executions("lookup")) == 3  # never more than the cap allows
+    call = run.tool_calls.get()
+    assert call.state == "cancelled" and call.is_error  # the transcript stays valid
+    assert len(client.requests) == 1
+
+
+def test_recovery__capped_by_the_reaper(monkeypatch, settings, test_log):
+    settings.AGENTRUN_MAX_RECOVERY_ATTEMPTS = 1
+    run, client = _poisoned_run(monkeypatch, test_log)
+    _expire(run)
+    with pytest.raises(FailpointError):
+        advance(run.pk, client=client)  # recovery 1, dies again
+    _expire(run)
+    report = reap()
+    assert [f.kind for f in report.findings] == ["recovery_exhausted"]
+    run.refresh_from_db()
+    assert (run.state, run.error_code) == ("failed", "recovery_exhausted")
+    assert RunEvent.objects.filter(run=run, type="run_failed").count() == 1
