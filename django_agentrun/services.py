@@ -13,7 +13,6 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -39,7 +38,6 @@ from .exceptions import (
 )
 from .models import Run, RunEvent, ToolCall, Turn
 from .states import (
-    RUN_ACTIVE,
     ResultSource,
     RunState,
     ToolCallState,
@@ -68,18 +66,6 @@ class Lease:
 def worker_identity() -> str:
     """host:pid:random — the pid lets a worker on the same host see that a holder died."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-
-
-def _transition(obj: Any, target: str) -> str:
-    """Apply the django-fsm transition to `target` in memory; return the previous state."""
-    old = obj.state
-    try:
-        getattr(obj, f"to_{target}")()
-    except TransitionNotAllowed as exc:
-        raise InvalidTransition(
-            f"{type(obj).__name__} {obj.pk}: cannot go from '{old}' to '{target}'"
-        ) from exc
-    return old
 
 
 def _db(model: type, name: str, value: Any) -> Any:
@@ -216,8 +202,15 @@ def _insert_events(run_id: Any, first: int, events: list[Event], now: datetime) 
 
 
 def _set_state(obj: Any, target: str) -> str:
-    """Transition in memory (validated) and return the previous state for the CAS write."""
-    return _transition(obj, target)
+    """Apply the django-fsm transition to `target` in memory; return the previous state."""
+    old = obj.state
+    try:
+        getattr(obj, f"to_{target}")()
+    except TransitionNotAllowed as exc:
+        raise InvalidTransition(
+            f"{type(obj).__name__} {obj.pk}: cannot go from '{old}' to '{target}'"
+        ) from exc
+    return old
 
 
 def _enqueue(run_id: Any, countdown: float | None = None) -> None:
@@ -892,7 +885,3 @@ def close_run(
 ) -> None:
     """Cancel or time out a run from the engine or the reaper (inside a transaction)."""
     _close_run(run, target, reason, list(events or []), lease=lease)
-
-
-def active_states() -> Iterable[str]:
-    return RUN_ACTIVE
