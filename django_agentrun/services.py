@@ -117,6 +117,10 @@ def _write_run(
         # The raw column, not `IS NOT NULL`: SQLite 3.40 evaluates that wrongly in RETURNING.
         f"RETURNING {qn('last_seq')}, {qn('cancel_requested_at')}"
     )
+    together = bool(events) and connection.vendor == "postgresql"
+    if together:
+        # One round trip: the events are inserted only if the fenced UPDATE matched.
+        sql, params = _with_events(sql, params, run.pk, events, now)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
@@ -124,7 +128,7 @@ def _write_run(
         _refused(run, lease, old_state)
     last_seq, cancel_requested = int(row[0]), row[1] is not None
     first = last_seq - len(events) + 1
-    if events:
+    if events and not together:
         _insert_events(run.pk, first, events, now)
     run.last_seq = last_seq
     for name, value in fields.items():
@@ -133,6 +137,26 @@ def _write_run(
     for name, delta in (incr or {}).items():
         setattr(run, name, getattr(run, name) + delta)
     return cancel_requested
+
+
+def _with_events(
+    update_sql: str, params: list[Any], run_id: Any, events: list[Event], now: datetime
+) -> tuple[str, list[Any]]:
+    """Postgres: the run UPDATE and its events' INSERT as one statement (a data-modifying
+    CTE); the seqs come from the UPDATE's RETURNING, so they stay gap-free."""
+    qn = connection.ops.quote_name
+    payload = RunEvent._meta.get_field("payload")
+    values = ", ".join(["(%s, %s, %s::jsonb)"] * len(events))
+    columns = ", ".join(qn(c) for c in ("run_id", "seq", "type", "payload", "created_at"))
+    sql = (
+        f"WITH r AS ({update_sql}), e AS (INSERT INTO {qn(RunEvent._meta.db_table)} ({columns}) "
+        f"SELECT %s, r.{qn('last_seq')} - %s + v.i, v.t, v.p, %s "
+        f"FROM r, (VALUES {values}) AS v(i, t, p)) SELECT * FROM r"
+    )
+    extra: list[Any] = [_db(Run, "id", run_id), len(events), _db(RunEvent, "created_at", now)]
+    for i, (kind, data) in enumerate(events, start=1):
+        extra += [i, kind, payload.get_db_prep_save(data, connection)]
+    return sql, params + extra
 
 
 def _refused(run: Run, lease: Lease | None, old_state: str | None) -> None:
@@ -720,6 +744,14 @@ def claim_run(run_id: Any, owner: str, *, steal_from: str | None = None) -> Leas
     """Take the run's lease if it is free or expired (or held by `steal_from`, a dead
     local process). Bumps the epoch; counts a recovery when a previous holder never
     released it. None: another live holder, or nothing to advance."""
+    claimed = claim_and_load(run_id, owner, steal_from=steal_from)
+    return claimed[0] if claimed else None
+
+
+def claim_and_load(
+    run_id: Any, owner: str, *, steal_from: str | None = None
+) -> tuple[Lease, Run] | None:
+    """claim_run, returning the claimed row too (one statement: UPDATE ... RETURNING *)."""
     now = timezone.now()
     expires = now + timedelta(seconds=agentrun_settings.LEASE_SECONDS)
     qn = connection.ops.quote_name
@@ -744,18 +776,14 @@ def claim_run(run_id: Any, owner: str, *, steal_from: str | None = None) -> Leas
         f"{qn('recovery_attempts')} = {qn('recovery_attempts')} + "
         f"CASE WHEN {qn('lease_owner')} = '' THEN 0 ELSE 1 END "
         f"WHERE {qn('id')} = %s AND {qn('state')} IN (%s, %s, %s) AND {free} "
-        f"RETURNING {qn('lease_epoch')}"
+        "RETURNING *"
     )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        row = cursor.fetchone()
-    if row is None:
+    # RawQuerySet builds the instance with the fields' converters, like a SELECT would.
+    found = list(Run.objects.raw(sql, params))
+    if not found:
         return None
-    return Lease(
-        run_id=run_id if isinstance(run_id, uuid.UUID) else uuid.UUID(str(run_id)),
-        owner=owner,
-        epoch=int(row[0]),
-    )
+    run = found[0]
+    return Lease(run_id=run.pk, owner=owner, epoch=run.lease_epoch), run
 
 
 def take_lease(run: Run, owner: str, *, seconds: float | None = None) -> Lease:

@@ -136,7 +136,6 @@ def _select(model: type, where: str, order: str = "") -> Any:
 
 
 _LOAD_SQL = {
-    "run": _select(Run, "id"),
     "turns": _select(Turn, "run_id", "index"),
     "calls": _select(ToolCall, "run_id", "turn_index,position"),
 }
@@ -183,19 +182,20 @@ class _Step:
 
     def claim(self) -> Lease | None:
         with transaction.atomic():  # noqa: SIM117 - _Stop is caught inside, so this commits
-            lease = services.claim_run(self.run_id, self.owner, steal_from=self.steal_from)
-            if lease is None:
+            claimed = services.claim_and_load(self.run_id, self.owner, steal_from=self.steal_from)
+            if claimed is None:
                 holder = (
                     Run.objects.filter(pk=self.run_id).values_list("lease_owner", flat=True).first()
                 )
                 if holder and _dead_local_holder(holder):
-                    lease = services.claim_run(self.run_id, self.owner, steal_from=holder)
-                    if lease is not None:
+                    claimed = services.claim_and_load(self.run_id, self.owner, steal_from=holder)
+                    if claimed is not None:
                         logger.info(
                             "Took over the lease of dead process %s run_id=%s", holder, self.run_id
                         )
-            if lease is None:
+            if claimed is None:
                 return None
+            lease, self.run_obj = claimed
             self.lease = lease
             self._load()
             try:
@@ -210,13 +210,10 @@ class _Step:
         return lease
 
     def _load(self) -> None:
-        # Raw SQL: these three run on every claim, and compiling ORM queries was a third
-        # of their cost. RawQuerySet still builds model instances with the field converters.
-        run_id = Run._meta.pk.get_db_prep_value(self.run_id, connection)
-        found = list(Run.objects.raw(_LOAD_SQL["run"](), [run_id]))
-        if not found:
-            raise Run.DoesNotExist(f"Run {self.run_id} does not exist")
-        self.run_obj = found[0]
+        """The run's turns and tool calls (the run row came back from the claim)."""
+        # Raw SQL: these run on every claim, and compiling ORM queries was a third of
+        # their cost. RawQuerySet still builds model instances with the field converters.
+        run_id = Run._meta.pk.get_db_prep_value(self.run_obj.pk, connection)
         self.turns = list(Turn.objects.raw(_LOAD_SQL["turns"](), [run_id]))
         calls_by_turn: dict[int, list[ToolCall]] = {}
         for call in ToolCall.objects.raw(_LOAD_SQL["calls"](), [run_id]):
