@@ -80,8 +80,12 @@ def _write_run(
     old_state: str | None = None,
     fields: dict[str, Any] | None = None,
     incr: dict[str, Any] | None = None,
+    rows: list[RowUpdate] | None = None,
 ) -> bool:
     """One fenced compare-and-set UPDATE of the run row, then its events in one INSERT.
+
+    `rows` are deferred turn/tool-call updates of the same transaction: on Postgres they
+    travel in the same statement, elsewhere they are sent first.
 
     Returns whether a cancel is requested. Must run inside transaction.atomic().
     """
@@ -117,15 +121,24 @@ def _write_run(
         # The raw column, not `IS NOT NULL`: SQLite 3.40 evaluates that wrongly in RETURNING.
         f"RETURNING {qn('last_seq')}, {qn('cancel_requested_at')}"
     )
+    rows = rows or []
     together = bool(events) and connection.vendor == "postgresql"
     if together:
         # One round trip: the events are inserted only if the fenced UPDATE matched.
-        sql, params = _with_events(sql, params, run.pk, events, now)
+        sql, params = _with_events(sql, params, run.pk, events, now, rows)
+    else:
+        for update in rows:
+            _apply(update)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
     if row is None:
         _refused(run, lease, old_state)
+    if together:
+        for update, count in zip(rows, row[2:], strict=True):
+            if count != 1:
+                raise ConcurrentUpdate(f"{update.model.__name__} {update.pk} changed concurrently")
+    rows.clear()
     last_seq, cancel_requested = int(row[0]), row[1] is not None
     first = last_seq - len(events) + 1
     if events and not together:
@@ -140,19 +153,30 @@ def _write_run(
 
 
 def _with_events(
-    update_sql: str, params: list[Any], run_id: Any, events: list[Event], now: datetime
+    update_sql: str,
+    params: list[Any],
+    run_id: Any,
+    events: list[Event],
+    now: datetime,
+    rows: list[RowUpdate],
 ) -> tuple[str, list[Any]]:
-    """Postgres: the run UPDATE and its events' INSERT as one statement (a data-modifying
-    CTE); the seqs come from the UPDATE's RETURNING, so they stay gap-free."""
+    """Postgres: the deferred row updates, the run UPDATE and its events' INSERT as one
+    statement (data-modifying CTEs); the seqs come from the UPDATE's RETURNING, so they
+    stay gap-free, and each row update's count comes back to be checked."""
     qn = connection.ops.quote_name
     payload = RunEvent._meta.get_field("payload")
     values = ", ".join(["(%s, %s, %s::jsonb)"] * len(events))
     columns = ", ".join(qn(c) for c in ("run_id", "seq", "type", "payload", "created_at"))
+    ctes = "".join(f"c{i} AS ({u.sql} RETURNING 1), " for i, u in enumerate(rows))
+    counts = "".join(f", (SELECT count(*) FROM c{i})" for i in range(len(rows)))
     sql = (
-        f"WITH r AS ({update_sql}), e AS (INSERT INTO {qn(RunEvent._meta.db_table)} ({columns}) "
+        f"WITH {ctes}r AS ({update_sql}), "
+        f"e AS (INSERT INTO {qn(RunEvent._meta.db_table)} ({columns}) "
         f"SELECT %s, r.{qn('last_seq')} - %s + v.i, v.t, v.p, %s "
-        f"FROM r, (VALUES {values}) AS v(i, t, p)) SELECT * FROM r"
+        f"FROM r, (VALUES {values}) AS v(i, t, p)) "
+        f"SELECT r.{qn('last_seq')}, r.{qn('cancel_requested_at')}{counts} FROM r"
     )
+    params = [p for u in rows for p in u.params] + params
     extra: list[Any] = [_db(Run, "id", run_id), len(events), _db(RunEvent, "created_at", now)]
     for i, (kind, data) in enumerate(events, start=1):
         extra += [i, kind, payload.get_db_prep_save(data, connection)]
@@ -172,10 +196,27 @@ def _refused(run: Run, lease: Lease | None, old_state: str | None) -> None:
     )
 
 
-def _save(obj: Turn | ToolCall, old_state: str | None, **fields: Any) -> None:
+@dataclass
+class RowUpdate:
+    """A compare-and-set UPDATE of one turn or tool call, built but not yet sent."""
+
+    model: type
+    pk: Any
+    sql: str
+    params: list[Any]
+
+
+def _save(
+    obj: Turn | ToolCall,
+    old_state: str | None,
+    *,
+    defer: list[RowUpdate] | None = None,
+    **fields: Any,
+) -> None:
     """Compare-and-set UPDATE of a turn or tool call (state from memory, other fields given).
 
-    Raw SQL on the hot path: one statement, no ORM query compilation."""
+    Raw SQL on the hot path. With `defer`, the statement is appended there instead, and
+    the next `_write_run(..., rows=defer)` sends it together with the run's write."""
     model = type(obj)
     if old_state is not None:
         fields["state"] = obj.state
@@ -196,14 +237,28 @@ def _save(obj: Turn | ToolCall, old_state: str | None, **fields: Any) -> None:
     if old_state is not None:
         sql += f" AND {qn('state')} = %s"
         params.append(old_state)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        updated = cursor.rowcount
-    if updated != 1:
-        raise ConcurrentUpdate(f"{model.__name__} {obj.pk} changed concurrently")
     for name, value in fields.items():
         if name != "state":
             setattr(obj, name, value)
+    update = RowUpdate(model, obj.pk, sql, params)
+    if defer is None:
+        _apply(update)
+        return
+    if any(u.model is model and u.pk == obj.pk for u in defer):
+        # Statements of one CTE share a snapshot: a second update of the same row must
+        # see the first, so send what is pending now.
+        for pending in defer:
+            _apply(pending)
+        defer.clear()
+    defer.append(update)
+
+
+def _apply(update: RowUpdate) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(update.sql, update.params)
+        updated = cursor.rowcount
+    if updated != 1:
+        raise ConcurrentUpdate(f"{update.model.__name__} {update.pk} changed concurrently")
 
 
 def _insert_events(run_id: Any, first: int, events: list[Event], now: datetime) -> None:
@@ -709,12 +764,14 @@ def _close_call(
     fields: dict[str, Any] | None = None,
     extra: dict[str, Any] | None = None,
     kind: str = "tool_call_finished",
+    defer: list[RowUpdate] | None = None,
 ) -> list[Event]:
     """Close a tool call with its result (CAS on its state); returns its event."""
     old = _set_state(call, target)
     _save(
         call,
         old,
+        defer=defer,
         result=result,
         is_error=is_error,
         result_source=source,

@@ -153,6 +153,8 @@ class _Step:
         steal_from: str | None = None,
     ):
         self.recover_only = recover_only
+        # Turn/tool-call updates deferred to the next run write of the same transaction.
+        self._rows: list[services.RowUpdate] = []
         self.steal_from = steal_from
         self.run_id = run_id
         self.owner = owner
@@ -170,11 +172,15 @@ class _Step:
     def _tx(self):
         """transaction.atomic() that commits when the step ends inside it (_Stop), then re-raises."""
         stop: _Stop | None = None
+        self._rows = []
         with transaction.atomic():
             try:
                 yield
             except _Stop as exc:
                 stop = exc
+            for update in self._rows:  # deferred but never sent with a run write
+                services._apply(update)
+            self._rows = []
         if stop is not None:
             raise stop
 
@@ -486,7 +492,7 @@ class _Step:
         )
         if not calls:
             turn_fields["finished_at"] = now
-        _save(turn, old_turn, **turn_fields)
+        _save(turn, old_turn, defer=self._rows, **turn_fields)
         incr = {**usage, "cost_usd": cost, "turn_count": 1}
         # Usage is counted here, once per recorded response.
         if stop == "model_context_window_exceeded":
@@ -738,7 +744,14 @@ class _Step:
         with self._tx():
             old = _set_state(call, ToolCallState.IN_FLIGHT)
             now = timezone.now()
-            _save(call, old, attempt=call.attempt + 1, started_at=now, heartbeat_at=now)
+            _save(
+                call,
+                old,
+                defer=self._rows,
+                attempt=call.attempt + 1,
+                started_at=now,
+                heartbeat_at=now,
+            )
             cancel = self._fenced(
                 [
                     (
@@ -796,7 +809,9 @@ class _Step:
         """Commit a call's result; when it was the turn's last open call, close the turn too."""
 
         def write() -> None:
-            events = _close_call(call, state, result, is_error=is_error, source=source, extra=extra)
+            events = _close_call(
+                call, state, result, is_error=is_error, source=source, extra=extra, defer=self._rows
+            )
             if all(c.is_closed for c in turn.calls):  # type: ignore[attr-defined]
                 self._close_turn(turn, events)
             else:
@@ -957,11 +972,11 @@ class _Step:
     # ----------------------------------------------------------------- endings
 
     def _fenced(self, events: list[Event], **kwargs: Any) -> bool:
-        return fenced(self.run_obj, self.lease, events, **kwargs)
+        return fenced(self.run_obj, self.lease, events, rows=self._rows, **kwargs)
 
     def _close_turn(self, turn: Turn, events: list[Event], incr: dict | None = None) -> None:
         old = _set_state(turn, TurnState.COMPLETED)
-        _save(turn, old, finished_at=timezone.now())
+        _save(turn, old, defer=self._rows, finished_at=timezone.now())
         events.append(("turn_completed", {"turn_index": turn.index, "turn_state": turn.state}))
         if self.abort.aborted:
             # Cancelled while the last tool ran: keep its result, let _interrupted end the run.
