@@ -261,6 +261,33 @@ def _apply(update: RowUpdate) -> None:
         raise ConcurrentUpdate(f"{update.model.__name__} {update.pk} changed concurrently")
 
 
+def insert_rows(objs: list[Any]) -> None:
+    """INSERT new turns or tool calls in one statement and set their ids (RETURNING id),
+    without the ORM's per-call query compilation (the engine does this every turn)."""
+    if not objs:
+        return
+    model = type(objs[0])
+    meta = model._meta
+    qn = connection.ops.quote_name
+    fields = [f for f in meta.concrete_fields if not f.primary_key]
+    params: list[Any] = []
+    for obj in objs:
+        for field in fields:
+            params.append(field.get_db_prep_save(field.pre_save(obj, True), connection))
+    row = "(" + ", ".join(["%s"] * len(fields)) + ")"
+    sql = (
+        f"INSERT INTO {qn(meta.db_table)} ({', '.join(qn(f.column) for f in fields)}) "
+        f"VALUES {', '.join([row] * len(objs))} RETURNING {qn(meta.pk.column)}"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        ids = [r[0] for r in cursor.fetchall()]
+    for obj, pk in zip(objs, ids, strict=True):  # RETURNING keeps the VALUES order
+        obj.pk = pk
+        obj._state.adding = False
+        obj._state.db = connection.alias
+
+
 def _insert_events(run_id: Any, first: int, events: list[Event], now: datetime) -> None:
     """Append events in one multi-row INSERT (the model refuses anything but inserts)."""
     qn = connection.ops.quote_name

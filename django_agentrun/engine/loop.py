@@ -303,7 +303,8 @@ class _Step:
                 )
                 self._fail("budget_exceeded", breach.message(), "pre_turn", events)
         index = self.turns[-1].index + 1 if self.turns else 0
-        turn = Turn.objects.create(run=run, index=index, is_final=answered == max_turns - 1)
+        turn = Turn(run=run, index=index, is_final=answered == max_turns - 1)
+        services.insert_rows([turn])
         turn.calls = []  # type: ignore[attr-defined]
         self.turns.append(turn)
         self.turn = turn
@@ -475,8 +476,7 @@ class _Step:
                 incr={**usage, "cost_usd": cost},
             )
         calls = self._intents(turn, blocks, truncated_id, events)
-        if calls:
-            ToolCall.objects.bulk_create(calls)
+        services.insert_rows(calls)
         turn.calls = calls  # type: ignore[attr-defined]
         turn.content = content
         _set_state(turn, TurnState.AWAITING_TOOL if calls else TurnState.COMPLETED)
