@@ -119,6 +119,8 @@ _TX_CONTROL = ("SAVEPOINT", "RELEASE SAVEPOINT", "ROLLBACK TO SAVEPOINT")
 
 def _is_write(sql: str) -> bool:
     head = sql.lstrip().upper()
+    if head.startswith("WITH"):  # data-modifying CTEs (the engine's combined writes)
+        return any(f"({verb} " in head for verb in _WRITES)
     return head.startswith(_WRITES) or " FOR UPDATE" in head or " FOR NO KEY UPDATE" in head
 
 
@@ -127,6 +129,8 @@ def _signature(sql: str) -> str:
     words = sql.replace('"', "").split()
     upper = [w.upper() for w in words]
     verb = upper[0] if upper else "?"
+    if verb == "WITH":  # WITH c0 AS (UPDATE ...), r AS (UPDATE agentrun_run ...), e AS (INSERT ...)
+        return "WITH (row updates + UPDATE agentrun_run + INSERT agentrun_runevent)"
     key = {"INSERT": "INTO", "UPDATE": "UPDATE"}.get(verb, "FROM")
     table = words[upper.index(key) + 1] if key in upper[:-1] else "?"
     extra = ""
