@@ -19,6 +19,7 @@ from django.db.models import Q
 from django.utils import timezone
 from django_fsm import FSMField, FSMModelMixin, transition
 
+from .clients.base import USAGE_KEYS
 from .exceptions import AppendOnlyError
 from .states import (
     RUN_ACTIVE,
@@ -87,7 +88,22 @@ class RunQuerySet(models.QuerySet["Run"]):
         return self.filter(owner=user)
 
 
-class Run(FSMModelMixin, models.Model):
+class UsageCounts(models.Model):
+    """The four token counters, named like the API's usage keys."""
+
+    input_tokens = models.BigIntegerField(default=0)
+    output_tokens = models.BigIntegerField(default=0)
+    cache_creation_input_tokens = models.BigIntegerField(default=0)
+    cache_read_input_tokens = models.BigIntegerField(default=0)
+
+    class Meta:
+        abstract = True
+
+    def usage(self) -> dict[str, int]:
+        return {key: getattr(self, key) for key in USAGE_KEYS}
+
+
+class Run(FSMModelMixin, UsageCounts):
     """One durable agent run."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
@@ -114,11 +130,7 @@ class Run(FSMModelMixin, models.Model):
     # NULL, not "": runs without a key must not collide in the unique constraints.
     idempotency_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
 
-    # Usage totals, named like the API's usage keys; counted once per recorded response.
-    input_tokens = models.BigIntegerField(default=0)
-    output_tokens = models.BigIntegerField(default=0)
-    cache_creation_input_tokens = models.BigIntegerField(default=0)
-    cache_read_input_tokens = models.BigIntegerField(default=0)
+    # Usage totals (UsageCounts), counted once per recorded response.
     cost_usd = models.DecimalField(max_digits=14, decimal_places=6, default=0)
     turn_count = models.PositiveIntegerField(default=0)
 
@@ -211,16 +223,8 @@ class Run(FSMModelMixin, models.Model):
     def is_active(self) -> bool:
         return self.state in RUN_ACTIVE
 
-    def usage(self) -> dict[str, int]:
-        return {
-            "input_tokens": self.input_tokens,
-            "output_tokens": self.output_tokens,
-            "cache_creation_input_tokens": self.cache_creation_input_tokens,
-            "cache_read_input_tokens": self.cache_read_input_tokens,
-        }
 
-
-class Turn(FSMModelMixin, models.Model):
+class Turn(FSMModelMixin, UsageCounts):
     """One model request/response and the tool calls it asked for."""
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="turns")
@@ -241,10 +245,6 @@ class Turn(FSMModelMixin, models.Model):
     request_id = models.CharField(max_length=200, blank=True)
     model = models.CharField(max_length=200, blank=True)
     stop_reason = models.CharField(max_length=64, blank=True)
-    input_tokens = models.BigIntegerField(default=0)
-    output_tokens = models.BigIntegerField(default=0)
-    cache_creation_input_tokens = models.BigIntegerField(default=0)
-    cache_read_input_tokens = models.BigIntegerField(default=0)
     model_attempts = models.PositiveIntegerField(default=0)
     started_at = models.DateTimeField(default=timezone.now)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -262,14 +262,6 @@ class Turn(FSMModelMixin, models.Model):
     to_completed = _to(state, TURN_TRANSITIONS, TurnState.COMPLETED)
     to_cancelled = _to(state, TURN_TRANSITIONS, TurnState.CANCELLED)
     to_failed = _to(state, TURN_TRANSITIONS, TurnState.FAILED)
-
-    def usage(self) -> dict[str, int]:
-        return {
-            "input_tokens": self.input_tokens,
-            "output_tokens": self.output_tokens,
-            "cache_creation_input_tokens": self.cache_creation_input_tokens,
-            "cache_read_input_tokens": self.cache_read_input_tokens,
-        }
 
 
 class ToolCallQuerySet(models.QuerySet["ToolCall"]):
