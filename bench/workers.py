@@ -13,7 +13,6 @@ import atexit
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -21,6 +20,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from tests.worker_process import celery_worker_argv
 
 from .common import ROOT, RUN_ID
 
@@ -85,25 +86,7 @@ class Workers:
         log = LOG_DIR / f"{self.label}-worker{len(self.workers) + 1}.log"
         with open(log, "wb") as out:
             proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "celery",
-                    "-A",
-                    "example_project",
-                    "worker",
-                    f"--pool={pool}",
-                    f"--concurrency={concurrency}",
-                    "-Q",
-                    self.queue,
-                    "-n",
-                    name,
-                    "--without-gossip",
-                    "--without-mingle",
-                    "--without-heartbeat",
-                    "-l",
-                    "info",
-                ],
+                celery_worker_argv(self.queue, name, pool=pool, concurrency=concurrency),
                 cwd=ROOT,
                 env=self.env(**extra),
                 stdout=out,

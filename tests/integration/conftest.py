@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -20,6 +19,7 @@ import pytest
 from django.db import connection
 
 from tests.messages_api import MessagesAPIServer
+from tests.worker_process import celery_worker_argv
 
 ROOT = Path(__file__).resolve().parents[2]
 REDIS_URL = os.environ.get("AGENTRUN_TEST_REDIS", "redis://127.0.0.1:6379")
@@ -107,25 +107,7 @@ class Workers:
             env["AGENTRUN_FAILPOINTS"] = failpoints
         with open(self.tmp / f"worker{self.count}.log", "wb") as out:
             proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "celery",
-                    "-A",
-                    "example_project",
-                    "worker",
-                    f"--pool={pool}",
-                    f"--concurrency={concurrency}",
-                    "-Q",
-                    self.queue,
-                    "-n",
-                    name,
-                    "--without-gossip",
-                    "--without-mingle",
-                    "--without-heartbeat",
-                    "-l",
-                    "info",
-                ],
+                celery_worker_argv(self.queue, name, pool=pool, concurrency=concurrency),
                 cwd=ROOT,
                 env=env,
                 stdout=out,
