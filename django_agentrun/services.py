@@ -12,7 +12,10 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -80,14 +83,21 @@ def _write_run(
     old_state: str | None = None,
     fields: dict[str, Any] | None = None,
     incr: dict[str, Any] | None = None,
-    rows: list[RowUpdate] | None = None,
+    rows: list[Deferred] | None = None,
+    last: bool = False,
 ) -> bool:
     """One fenced compare-and-set UPDATE of the run row, then its events in one INSERT.
 
     `rows` are deferred turn/tool-call updates of the same transaction: on Postgres they
     travel in the same statement, elsewhere they are sent first.
 
-    Returns whether a cancel is requested. Must run inside transaction.atomic().
+    `last`: the caller's write_unit() sends nothing after this write. If nothing was sent
+    before it either, the write is held and sent at the unit's end as one statement in
+    autocommit mode (see write_unit); it then returns False and the unit records whether
+    a cancel is requested.
+
+    Returns whether a cancel is requested. Runs inside transaction.atomic() or a
+    write_unit().
     """
     now = timezone.now()
     fields = {**(fields or {}), "updated_at": now}
@@ -116,71 +126,233 @@ def _write_run(
     if lease is not None:
         where.append(f"{qn('lease_epoch')} = %s AND {qn('lease_owner')} = %s")
         params += [lease.epoch, lease.owner]
-    sql = (
-        f"UPDATE {qn(Run._meta.db_table)} SET {', '.join(sets)} WHERE {' AND '.join(where)} "
-        # The raw column, not `IS NOT NULL`: SQLite 3.40 evaluates that wrongly in RETURNING.
-        f"RETURNING {qn('last_seq')}, {qn('cancel_requested_at')}"
-    )
-    rows = rows or []
+
+    def update_sql(gate: str = "") -> str:
+        return (
+            f"UPDATE {qn(Run._meta.db_table)} SET {', '.join(sets)} "
+            f"WHERE {' AND '.join(where)}{gate} "
+            # The raw column, not `IS NOT NULL`: SQLite 3.40 evaluates that wrongly in RETURNING.
+            f"RETURNING {qn('last_seq')}, {qn('cancel_requested_at')}"
+        )
+
+    pending = list(rows or [])
+    if rows:
+        rows.clear()
     together = bool(events) and connection.vendor == "postgresql"
-    if together:
-        # One round trip: the events are inserted only if the fenced UPDATE matched.
-        sql, params = _with_events(sql, params, run.pk, events, now, rows)
-    else:
-        for update in rows:
-            _apply(update)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        row = cursor.fetchone()
-    if row is None:
-        _refused(run, lease, old_state)
-    if together:
-        for update, count in zip(rows, row[2:], strict=True):
-            if count != 1:
-                raise ConcurrentUpdate(f"{update.model.__name__} {update.pk} changed concurrently")
-    rows.clear()
-    last_seq, cancel_requested = int(row[0]), row[1] is not None
-    first = last_seq - len(events) + 1
-    if events and not together:
-        _insert_events(run.pk, first, events, now)
-    run.last_seq = last_seq
-    for name, value in fields.items():
-        if name != "state":
-            setattr(run, name, value)
-    for name, delta in (incr or {}).items():
-        setattr(run, name, getattr(run, name) + delta)
-    return cancel_requested
+
+    def send(alone: bool) -> bool:
+        """alone: the statement is its own transaction (autocommit), so it must refuse as
+        a whole (see _with_events)."""
+        statement, values = update_sql(), params
+        if together:
+            # One round trip: the events are inserted only if the fenced UPDATE matched.
+            statement, values = _with_events(
+                update_sql, params, run.pk, events, now, pending, alone
+            )
+        else:
+            for update in pending:
+                _apply(update)
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(statement, values)
+                row = cursor.fetchone()
+        except IntegrityError as exc:
+            if not (alone and _tripped(exc)):
+                raise
+            row = None
+        if row is None:
+            _refused(run, lease, old_state)
+        if together:
+            for item, value in zip(pending, row[2:], strict=True):
+                if isinstance(item, RowInsert):
+                    item.assign(value)
+                elif value != 1:
+                    raise ConcurrentUpdate(f"{item.model.__name__} {item.pk} changed concurrently")
+        last_seq, cancel_requested = int(row[0]), row[1] is not None
+        first = last_seq - len(events) + 1
+        if events and not together:
+            _insert_events(run.pk, first, events, now)
+        run.last_seq = last_seq
+        for name, value in fields.items():
+            if name != "state":
+                setattr(run, name, value)
+        for name, delta in (incr or {}).items():
+            setattr(run, name, getattr(run, name) + delta)
+        return cancel_requested
+
+    unit = _idle_unit() if last and together else None
+    if unit is not None:
+        unit.hold(send)
+        return False
+    return send(False)
+
+
+def _tripped(exc: IntegrityError) -> bool:
+    """The error of a lone write that refused: its events got no seq (see _with_events)."""
+    diag = getattr(exc.__cause__, "diag", None)
+    return (
+        diag is not None
+        and diag.table_name == RunEvent._meta.db_table
+        and diag.column_name == "seq"
+    )
 
 
 def _with_events(
-    update_sql: str,
+    update_sql: Callable[[str], str],
     params: list[Any],
     run_id: Any,
     events: list[Event],
     now: datetime,
-    rows: list[RowUpdate],
+    rows: list[Deferred],
+    alone: bool = False,
 ) -> tuple[str, list[Any]]:
-    """Postgres: the deferred row updates, the run UPDATE and its events' INSERT as one
-    statement (data-modifying CTEs); the seqs come from the UPDATE's RETURNING, so they
-    stay gap-free, and each row update's count comes back to be checked."""
+    """Postgres: the deferred row inserts and updates, the run UPDATE and its events'
+    INSERT as one statement (data-modifying CTEs); the seqs come from the UPDATE's
+    RETURNING, so they stay gap-free; each row update's count comes back to be checked,
+    each insert's new ids (in insertion order: ids come from the sequence in that order).
+
+    alone (autocommit): nothing may commit unless every part matched, and a statement's
+    CTEs all run to completion, whatever the others did. So the run UPDATE matches only
+    if every row update matched too, and the events take their seqs from it: when it
+    matched nothing they are NULL, the NOT NULL constraint fails the statement, and an
+    error undoes all of it (_tripped recognizes that error)."""
     qn = connection.ops.quote_name
     payload = RunEvent._meta.get_field("payload")
     values = ", ".join(["(%s, %s, %s::jsonb)"] * len(events))
     columns = ", ".join(qn(c) for c in ("run_id", "seq", "type", "payload", "created_at"))
-    ctes = "".join(f"c{i} AS ({u.sql} RETURNING 1), " for i, u in enumerate(rows))
-    counts = "".join(f", (SELECT count(*) FROM c{i})" for i in range(len(rows)))
+    pk = qn("id")
+    ctes = "".join(
+        f"c{i} AS ({u.sql} RETURNING {pk}), "
+        if isinstance(u, RowInsert)
+        else f"c{i} AS ({u.sql} RETURNING 1), "
+        for i, u in enumerate(rows)
+    )
+    counts = "".join(
+        f", (SELECT array_agg({pk} ORDER BY {pk}) FROM c{i})"
+        if isinstance(u, RowInsert)
+        else f", (SELECT count(*) FROM c{i})"
+        for i, u in enumerate(rows)
+    )
+    seq = qn("last_seq")
+    if alone:
+        gate = "".join(
+            f" AND EXISTS (SELECT 1 FROM c{i})"
+            for i, u in enumerate(rows)
+            if not isinstance(u, RowInsert)
+        )
+        source = f"(SELECT {seq} FROM r) - %s + v.i, v.t, v.p, %s FROM"
+    else:
+        gate, source = "", f"r.{seq} - %s + v.i, v.t, v.p, %s FROM r,"
     sql = (
-        f"WITH {ctes}r AS ({update_sql}), "
+        f"WITH {ctes}r AS ({update_sql(gate)}), "
         f"e AS (INSERT INTO {qn(RunEvent._meta.db_table)} ({columns}) "
-        f"SELECT %s, r.{qn('last_seq')} - %s + v.i, v.t, v.p, %s "
-        f"FROM r, (VALUES {values}) AS v(i, t, p)) "
-        f"SELECT r.{qn('last_seq')}, r.{qn('cancel_requested_at')}{counts} FROM r"
+        f"SELECT %s, {source} (VALUES {values}) AS v(i, t, p)) "
+        f"SELECT r.{seq}, r.{qn('cancel_requested_at')}{counts} FROM r"
     )
     params = [p for u in rows for p in u.params] + params
     extra: list[Any] = [_db(Run, "id", run_id), len(events), _db(RunEvent, "created_at", now)]
     for i, (kind, data) in enumerate(events, start=1):
         extra += [i, kind, payload.get_db_prep_save(data, connection)]
     return sql, params + extra
+
+
+class _Unit:
+    """The state of one write_unit() on this thread's connection."""
+
+    def __init__(self, stack: ExitStack) -> None:
+        self.stack = stack
+        self.open = False  # a transaction was begun for the unit
+        self.alone = False  # the held write is being sent alone, in autocommit
+        self.held: Callable[[bool], bool] | None = None
+        self.callbacks: list[Callable[[], Any]] = []
+        self.cancel_requested = False
+
+    def __call__(self, execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        """connection.execute_wrapper: every statement but the lone held write runs in
+        the unit's transaction, begun at the first of them."""
+        if not self.open and not self.alone:
+            self.begin()
+        return execute(sql, params, many, context)
+
+    def hold(self, send: Callable[[bool], bool]) -> None:
+        if self.held is not None:  # a second write: both go in a transaction
+            self.begin()
+        if self.open:
+            self.cancel_requested |= send(False)
+        else:
+            self.held = send
+
+    def begin(self) -> None:
+        if connection.in_atomic_block:
+            raise RuntimeError(
+                "transaction.atomic() was entered inside a write unit before its first statement"
+            )
+        self.stack.enter_context(transaction.atomic())
+        self.open = True
+        held, self.held = self.held, None
+        if held is not None:
+            self.cancel_requested |= held(False)
+
+    def finish(self) -> None:
+        held, self.held = self.held, None
+        if held is None:
+            return
+        self.alone = not self.open
+        self.cancel_requested |= held(self.alone)
+
+
+_local = threading.local()
+
+
+@contextmanager
+def write_unit() -> Iterator[_Unit | None]:
+    """transaction.atomic() for the engine's writes, begun lazily (Postgres).
+
+    A durable engine write is usually one statement (a data-modifying CTE, see
+    _with_events). When the unit's only statement is its `last=True` run write, that
+    statement is sent alone in autocommit mode: one round trip instead of three (BEGIN,
+    the statement, COMMIT), and still all or nothing, because the statement asserts its
+    own row counts. Any other statement begins a real transaction first (an execute
+    wrapper sees every statement), and a held write is sent inside it. On-commit
+    callbacks registered through _after_commit run after the unit commits; an exception
+    sends nothing held and rolls back what was begun.
+
+    Elsewhere (SQLite, or inside a caller's transaction) it is transaction.atomic().
+    """
+    if (
+        connection.vendor != "postgresql"
+        or connection.in_atomic_block
+        or getattr(_local, "unit", None) is not None
+    ):
+        with transaction.atomic():
+            yield None
+        return
+    with ExitStack() as stack:
+        unit = _Unit(stack)
+        _local.unit = unit
+        try:
+            with connection.execute_wrapper(unit):
+                yield unit
+                unit.finish()
+        finally:
+            _local.unit = None
+    for callback in unit.callbacks:  # committed
+        callback()
+
+
+def _idle_unit() -> _Unit | None:
+    """The current write unit if nothing has been sent in it yet."""
+    unit = getattr(_local, "unit", None)
+    return unit if unit is not None and not unit.open else None
+
+
+def _after_commit(callback: Callable[[], Any]) -> None:
+    """transaction.on_commit that also waits for a write unit's lone write."""
+    unit = getattr(_local, "unit", None)
+    if unit is not None:
+        unit.callbacks.append(callback)
+    else:
+        transaction.on_commit(callback)
 
 
 def _refused(run: Run, lease: Lease | None, old_state: str | None) -> None:
@@ -191,6 +363,8 @@ def _refused(run: Run, lease: Lease | None, old_state: str | None) -> None:
         current["lease_epoch"] != lease.epoch or current["lease_owner"] != lease.owner
     ):
         raise LeaseLost(f"Run {run.pk}: lease epoch {lease.epoch} was superseded")
+    if old_state is None or current["state"] == old_state:  # a lone write's row update missed
+        raise ConcurrentUpdate(f"Run {run.pk}: one of its turns or tool calls changed concurrently")
     raise ConcurrentUpdate(
         f"Run {run.pk} changed concurrently: expected state {old_state!r}, found {current['state']!r}"
     )
@@ -206,11 +380,30 @@ class RowUpdate:
     params: list[Any]
 
 
+@dataclass
+class RowInsert:
+    """An INSERT of new turns or tool calls, built but not yet sent; their ids are set
+    when it is (`assign`)."""
+
+    objs: list[Any]
+    sql: str
+    params: list[Any]
+
+    def assign(self, ids: list[Any]) -> None:
+        for obj, pk in zip(self.objs, ids, strict=True):
+            obj.pk = pk
+            obj._state.adding = False
+            obj._state.db = connection.alias
+
+
+Deferred = RowUpdate | RowInsert
+
+
 def _save(
     obj: Turn | ToolCall,
     old_state: str | None,
     *,
-    defer: list[RowUpdate] | None = None,
+    defer: list[Deferred] | None = None,
     **fields: Any,
 ) -> None:
     """Compare-and-set UPDATE of a turn or tool call (state from memory, other fields given).
@@ -218,6 +411,8 @@ def _save(
     Raw SQL on the hot path. With `defer`, the statement is appended there instead, and
     the next `_write_run(..., rows=defer)` sends it together with the run's write."""
     model = type(obj)
+    if defer and obj.pk is None:  # its INSERT is still pending: send what is pending
+        _flush(defer)
     if old_state is not None:
         fields["state"] = obj.state
     qn = connection.ops.quote_name
@@ -244,26 +439,39 @@ def _save(
     if defer is None:
         _apply(update)
         return
-    if any(u.model is model and u.pk == obj.pk for u in defer):
+    if any(isinstance(u, RowUpdate) and u.model is model and u.pk == obj.pk for u in defer):
         # Statements of one CTE share a snapshot: a second update of the same row must
         # see the first, so send what is pending now.
-        for pending in defer:
-            _apply(pending)
-        defer.clear()
+        _flush(defer)
     defer.append(update)
 
 
-def _apply(update: RowUpdate) -> None:
+def _flush(defer: list[Deferred]) -> None:
+    for pending in defer:
+        _apply(pending)
+    defer.clear()
+
+
+def _apply(item: Deferred) -> None:
+    """Send one deferred statement now."""
     with connection.cursor() as cursor:
-        cursor.execute(update.sql, update.params)
+        if isinstance(item, RowInsert):
+            # RETURNING keeps the VALUES order.
+            cursor.execute(f"{item.sql} RETURNING {connection.ops.quote_name('id')}", item.params)
+            item.assign([r[0] for r in cursor.fetchall()])
+            return
+        cursor.execute(item.sql, item.params)
         updated = cursor.rowcount
     if updated != 1:
-        raise ConcurrentUpdate(f"{update.model.__name__} {update.pk} changed concurrently")
+        raise ConcurrentUpdate(f"{item.model.__name__} {item.pk} changed concurrently")
 
 
-def insert_rows(objs: list[Any]) -> None:
+def insert_rows(objs: list[Any], *, defer: list[Deferred] | None = None) -> None:
     """INSERT new turns or tool calls in one statement and set their ids (RETURNING id),
-    without the ORM's per-call query compilation (the engine does this every turn)."""
+    without the ORM's per-call query compilation (the engine does this every turn).
+
+    With `defer`, the statement is appended there and sent with the next run write
+    (`_write_run(..., rows=defer)`); the ids are set then."""
     if not objs:
         return
     model = type(objs[0])
@@ -277,15 +485,13 @@ def insert_rows(objs: list[Any]) -> None:
     row = "(" + ", ".join(["%s"] * len(fields)) + ")"
     sql = (
         f"INSERT INTO {qn(meta.db_table)} ({', '.join(qn(f.column) for f in fields)}) "
-        f"VALUES {', '.join([row] * len(objs))} RETURNING {qn(meta.pk.column)}"
+        f"VALUES {', '.join([row] * len(objs))}"
     )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        ids = [r[0] for r in cursor.fetchall()]
-    for obj, pk in zip(objs, ids, strict=True):  # RETURNING keeps the VALUES order
-        obj.pk = pk
-        obj._state.adding = False
-        obj._state.db = connection.alias
+    insert = RowInsert(list(objs), sql, params)
+    if defer is not None:
+        defer.append(insert)
+    else:
+        _apply(insert)
 
 
 def _insert_events(run_id: Any, first: int, events: list[Event], now: datetime) -> None:
@@ -337,11 +543,11 @@ def _enqueue(run_id: Any, countdown: float | None = None) -> None:
         except Exception:  # broker down: the reaper re-enqueues runs nobody advances
             logger.exception("Could not enqueue advance_run run_id=%s", run_id)
 
-    transaction.on_commit(send)
+    _after_commit(send)
 
 
 def _on_commit_signal(signal: Any, **kwargs: Any) -> None:
-    transaction.on_commit(lambda: signal.send(sender=Run, **kwargs))
+    _after_commit(lambda: signal.send(sender=Run, **kwargs))
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -791,7 +997,7 @@ def _close_call(
     fields: dict[str, Any] | None = None,
     extra: dict[str, Any] | None = None,
     kind: str = "tool_call_finished",
-    defer: list[RowUpdate] | None = None,
+    defer: list[Deferred] | None = None,
 ) -> list[Event]:
     """Close a tool call with its result (CAS on its state); returns its event."""
     old = _set_state(call, target)
@@ -828,14 +1034,27 @@ def claim_run(run_id: Any, owner: str, *, steal_from: str | None = None) -> Leas
     """Take the run's lease if it is free or expired (or held by `steal_from`, a dead
     local process). Bumps the epoch; counts a recovery when a previous holder never
     released it. None: another live holder, or nothing to advance."""
-    claimed = claim_and_load(run_id, owner, steal_from=steal_from)
-    return claimed[0] if claimed else None
+    claimed = claim_and_load(run_id, owner, steal_from=steal_from, history=False)
+    return claimed.lease if claimed else None
+
+
+@dataclass
+class Claimed:
+    """What a claim returns: the lease, the run row, and its turns and tool calls (in
+    order), read in the same round trip."""
+
+    lease: Lease
+    run: Run
+    turns: list[Turn]
+    calls: list[ToolCall]
 
 
 def claim_and_load(
-    run_id: Any, owner: str, *, steal_from: str | None = None
-) -> tuple[Lease, Run] | None:
-    """claim_run, returning the claimed row too (one statement: UPDATE ... RETURNING *)."""
+    run_id: Any, owner: str, *, steal_from: str | None = None, history: bool = True
+) -> Claimed | None:
+    """claim_run, returning the claimed row (UPDATE ... RETURNING) and, with `history`,
+    the run's turns and tool calls. On Postgres with client-side binding (Django's
+    default) the three statements go in one round trip."""
     now = timezone.now()
     expires = now + timedelta(seconds=agentrun_settings.LEASE_SECONDS)
     qn = connection.ops.quote_name
@@ -853,21 +1072,100 @@ def claim_and_load(
         free += f" OR {qn('lease_owner')} = %s"
         params.append(steal_from)
     free += ")"
-    sql = (
+    claim = (
         f"UPDATE {qn(Run._meta.db_table)} SET {qn('lease_owner')} = %s, "
         f"{qn('lease_expires_at')} = %s, {qn('updated_at')} = %s, "
         f"{qn('lease_epoch')} = {qn('lease_epoch')} + 1, "
         f"{qn('recovery_attempts')} = {qn('recovery_attempts')} + "
         f"CASE WHEN {qn('lease_owner')} = '' THEN 0 ELSE 1 END "
         f"WHERE {qn('id')} = %s AND {qn('state')} IN (%s, %s, %s) AND {free} "
-        "RETURNING *"
+        f"RETURNING {_columns(Run)}"
     )
-    # RawQuerySet builds the instance with the fields' converters, like a SELECT would.
-    found = list(Run.objects.raw(sql, params))
-    if not found:
+    statements = [(claim, params)]
+    if history:
+        run_db = _db(Run, "id", run_id)
+        statements += [
+            (_select_sql(Turn, "run_id", ("index",)), [run_db]),
+            (_select_sql(ToolCall, "run_id", ("turn_index", "position")), [run_db]),
+        ]
+    results = _execute_many(statements)
+    if not results[0]:
         return None
-    run = found[0]
-    return Lease(run_id=run.pk, owner=owner, epoch=run.lease_epoch), run
+    run = _instances(Run, results[0])[0]
+    turns = _instances(Turn, results[1]) if history else []
+    calls = _instances(ToolCall, results[2]) if history else []
+    return Claimed(Lease(run_id=run.pk, owner=owner, epoch=run.lease_epoch), run, turns, calls)
+
+
+def _execute_many(statements: list[tuple[str, list[Any]]]) -> list[list[tuple]]:
+    """Run statements that return rows; one round trip where the driver allows several
+    statements in one query (psycopg's client-side binding cursor)."""
+    with connection.cursor() as cursor:
+        if len(statements) > 1 and _multi_statement(cursor):
+            cursor.execute(
+                "; ".join(sql for sql, _ in statements), [p for _, ps in statements for p in ps]
+            )
+            results = [cursor.fetchall()]
+            for _ in statements[1:]:
+                cursor.nextset()
+                results.append(cursor.fetchall())
+            return results
+        results = []
+        for sql, params in statements:
+            cursor.execute(sql, params)
+            results.append(cursor.fetchall())
+        return results
+
+
+def _multi_statement(cursor: Any) -> bool:
+    if connection.vendor != "postgresql":
+        return False
+    import psycopg
+
+    return isinstance(cursor.cursor, psycopg.ClientCursor)
+
+
+def _columns(model: type) -> str:
+    """The model's concrete columns, in field order (what _instances expects)."""
+    qn = connection.ops.quote_name
+    return ", ".join(qn(f.column) for f in model._meta.concrete_fields)
+
+
+def _select_sql(model: type, where: str, order: tuple[str, ...]) -> str:
+    qn = connection.ops.quote_name
+    return (
+        f"SELECT {_columns(model)} FROM {qn(model._meta.db_table)} WHERE {qn(where)} = %s "
+        f"ORDER BY {', '.join(qn(c) for c in order)}"
+    )
+
+
+_CONVERTERS: dict[tuple[str, type], list[tuple[int, Any, list[Any]]]] = {}
+
+
+def _instances(model: type, rows: list[tuple]) -> list[Any]:
+    """Model instances from rows of _columns(model), through the fields' and the
+    backend's converters (what a queryset applies), without compiling a query."""
+    key = (connection.vendor, model)
+    converters = _CONVERTERS.get(key)
+    if converters is None:
+        converters = []
+        for i, field in enumerate(model._meta.concrete_fields):
+            col = field.get_col(model._meta.db_table)
+            funcs = connection.ops.get_db_converters(col) + col.get_db_converters(connection)
+            if funcs:
+                converters.append((i, col, funcs))
+        _CONVERTERS[key] = converters
+    alias = connection.alias
+    out = []
+    for row in rows:
+        values = list(row)
+        for i, col, funcs in converters:
+            value = values[i]
+            for func in funcs:
+                value = func(value, col, connection)
+            values[i] = value
+        out.append(model.from_db(alias, None, values))
+    return out
 
 
 def take_lease(run: Run, owner: str, *, seconds: float | None = None) -> Lease:

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from .. import services, signals
@@ -124,23 +124,6 @@ def _dead_local_holder(owner: str) -> bool:
     return False
 
 
-def _select(model: type, where: str, order: str = "") -> Any:
-    def sql() -> str:
-        qn = connection.ops.quote_name
-        text = f"SELECT * FROM {qn(model._meta.db_table)} WHERE {qn(where)} = %s"
-        if order:
-            text += " ORDER BY " + ", ".join(qn(c) for c in order.split(","))
-        return text
-
-    return sql
-
-
-_LOAD_SQL = {
-    "turns": _select(Turn, "run_id", "index"),
-    "calls": _select(ToolCall, "run_id", "turn_index,position"),
-}
-
-
 class _Step:
     def __init__(
         self,
@@ -154,7 +137,7 @@ class _Step:
     ):
         self.recover_only = recover_only
         # Turn/tool-call updates deferred to the next run write of the same transaction.
-        self._rows: list[services.RowUpdate] = []
+        self._rows: list[services.Deferred] = []
         self.steal_from = steal_from
         self.run_id = run_id
         self.owner = owner
@@ -167,13 +150,17 @@ class _Step:
         self.agent: Agent | None = None
         self.outcome = Outcome.CONTINUED
         self.turn: Turn | None = None
+        self._cancel_seen = False
 
     @contextmanager
-    def _tx(self):
-        """transaction.atomic() that commits when the step ends inside it (_Stop), then re-raises."""
+    def _tx(self, *, lazy: bool = True):
+        """A write unit (services.write_unit; a plain transaction.atomic() when not
+        `lazy`, e.g. to lock rows first) that commits when the step ends inside it
+        (_Stop), then re-raises. A cancel request seen by its writes fires the abort signal."""
         stop: _Stop | None = None
         self._rows = []
-        with transaction.atomic():
+        self._cancel_seen = False
+        with services.write_unit() if lazy else transaction.atomic() as unit:
             try:
                 yield
             except _Stop as exc:
@@ -181,6 +168,8 @@ class _Step:
             for update in self._rows:  # deferred but never sent with a run write
                 services._apply(update)
             self._rows = []
+        if self._cancel_seen or (unit is not None and unit.cancel_requested):
+            self.abort.abort("cancel requested")
         if stop is not None:
             raise stop
 
@@ -201,9 +190,9 @@ class _Step:
                         )
             if claimed is None:
                 return None
-            lease, self.run_obj = claimed
+            lease, self.run_obj = claimed.lease, claimed.run
             self.lease = lease
-            self._load()
+            self._load(claimed)
             try:
                 self._decide_at_claim()
             except _Stop as stop:
@@ -212,17 +201,15 @@ class _Step:
                 self._stopped = True
             else:
                 self._stopped = False
+            services._flush(self._rows)  # deferred but never sent with a run write
         failpoint("claim.after_commit")
         return lease
 
-    def _load(self) -> None:
-        """The run's turns and tool calls (the run row came back from the claim)."""
-        # Raw SQL: these run on every claim, and compiling ORM queries was a third of
-        # their cost. RawQuerySet still builds model instances with the field converters.
-        run_id = Run._meta.pk.get_db_prep_value(self.run_obj.pk, connection)
-        self.turns = list(Turn.objects.raw(_LOAD_SQL["turns"](), [run_id]))
+    def _load(self, claimed: services.Claimed) -> None:
+        """The run's turns, each with its tool calls."""
+        self.turns = claimed.turns
         calls_by_turn: dict[int, list[ToolCall]] = {}
-        for call in ToolCall.objects.raw(_LOAD_SQL["calls"](), [run_id]):
+        for call in claimed.calls:
             calls_by_turn.setdefault(call.turn_index, []).append(call)
         for turn in self.turns:
             turn.calls = calls_by_turn.get(turn.index, [])  # type: ignore[attr-defined]
@@ -304,7 +291,7 @@ class _Step:
                 self._fail("budget_exceeded", breach.message(), "pre_turn", events)
         index = self.turns[-1].index + 1 if self.turns else 0
         turn = Turn(run=run, index=index, is_final=answered == max_turns - 1)
-        services.insert_rows([turn])
+        services.insert_rows([turn], defer=self._rows)
         turn.calls = []  # type: ignore[attr-defined]
         self.turns.append(turn)
         self.turn = turn
@@ -476,7 +463,7 @@ class _Step:
                 incr={**usage, "cost_usd": cost},
             )
         calls = self._intents(turn, blocks, truncated_id, events)
-        services.insert_rows(calls)
+        services.insert_rows(calls, defer=self._rows)
         turn.calls = calls  # type: ignore[attr-defined]
         turn.content = content
         _set_state(turn, TurnState.AWAITING_TOOL if calls else TurnState.COMPLETED)
@@ -509,7 +496,7 @@ class _Step:
         elif calls:
             old = _set_state(run, RunState.AWAITING_TOOL)
             events[0][1]["run_state"] = run.state
-            self._fenced(events, old_state=old, incr=incr)
+            self._fenced(events, old_state=old, incr=incr, last=True)
         else:
             self._turn_without_tools(turn, stop, events, incr)
 
@@ -752,7 +739,7 @@ class _Step:
                 started_at=now,
                 heartbeat_at=now,
             )
-            cancel = self._fenced(
+            self._fenced(
                 [
                     (
                         "tool_call_started",
@@ -763,10 +750,9 @@ class _Step:
                             "tool_call_state": call.state,
                         },
                     )
-                ]
+                ],
+                last=True,
             )
-        if cancel:
-            self.abort.abort("cancel requested")
         failpoint("tool.before_handler", call.name)
         state, result, is_error = self._invoke(tool, call)
         failpoint("tool.after_handler", call.name)
@@ -777,7 +763,7 @@ class _Step:
 
     def _execute_atomic(self, turn: Turn, call: ToolCall, tool: Tool) -> None:
         """ORM-only handler inside the transaction that records its result: exactly once."""
-        with self._tx():
+        with self._tx(lazy=False):
             # Lock the run row under the lease before running anything.
             if (
                 not Run.objects.select_for_update()
@@ -815,8 +801,7 @@ class _Step:
             if all(c.is_closed for c in turn.calls):  # type: ignore[attr-defined]
                 self._close_turn(turn, events)
             else:
-                if self._fenced(events):
-                    self.abort.abort("cancel requested")
+                self._fenced(events, last=True)
 
         if atomic:
             with self._tx():
@@ -971,8 +956,12 @@ class _Step:
 
     # ----------------------------------------------------------------- endings
 
-    def _fenced(self, events: list[Event], **kwargs: Any) -> bool:
-        return fenced(self.run_obj, self.lease, events, rows=self._rows, **kwargs)
+    def _fenced(self, events: list[Event], **kwargs: Any) -> None:
+        """The run write under the lease. `last=True`: nothing follows it in this unit, so
+        it may be sent alone (services.write_unit). A cancel request it sees is noted and
+        fires the abort signal when the unit ends."""
+        if fenced(self.run_obj, self.lease, events, rows=self._rows, **kwargs):
+            self._cancel_seen = True
 
     def _close_turn(self, turn: Turn, events: list[Event], incr: dict | None = None) -> None:
         old = _set_state(turn, TurnState.COMPLETED)
@@ -980,7 +969,7 @@ class _Step:
         events.append(("turn_completed", {"turn_index": turn.index, "turn_state": turn.state}))
         if self.abort.aborted:
             # Cancelled while the last tool ran: keep its result, let _interrupted end the run.
-            self._fenced(events, incr=incr)
+            self._fenced(events, incr=incr, last=True)
             return
         if turn.is_final:
             self._complete("max_turns", events, incr=incr)
@@ -998,6 +987,7 @@ class _Step:
             old_state=old,
             incr=incr,
             fields={**services._release_fields(), "recovery_attempts": 0},
+            last=True,
         )
         self.released = True
         services._enqueue(run.pk)
@@ -1033,6 +1023,7 @@ class _Step:
                 "stop_reason": stop_reason,
                 "finished_at": timezone.now(),
             },
+            last=True,
         )
         self.released = True
         services._on_commit_signal(signals.run_finished, run=run, state=run.state)
@@ -1076,7 +1067,7 @@ class _Step:
 
     def _interrupted(self) -> None:
         """The abort signal fired: a cancel request (close cleanly) or a lost lease (leave)."""
-        with self._tx():
+        with self._tx(lazy=False):
             run = Run.objects.select_for_update().get(pk=self.run_id)
             if run.lease_epoch != self.lease.epoch or run.lease_owner != self.lease.owner:
                 raise LeaseLost(f"Run {self.run_id}: lease lost")
