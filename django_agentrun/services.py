@@ -322,6 +322,7 @@ def write_unit() -> Iterator[_Unit | None]:
     if (
         connection.vendor != "postgresql"
         or connection.in_atomic_block
+        or not connection.get_autocommit()  # AUTOCOMMIT=False: Django never commits alone
         or getattr(_local, "unit", None) is not None
     ):
         with transaction.atomic():
