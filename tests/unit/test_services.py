@@ -501,6 +501,9 @@ def test_turn_budget__queries_and_commits(k, monkeypatch, no_broker, capsys):
     # (services.write_unit): the response, then in_flight and the result of each call.
     lone = 2 * k + 1 if connection.vendor == "postgresql" else 0
     assert counter.autocommit_writes == lone
+    if connection.vendor == "postgresql":
+        # Round trips: BEGIN, claim + history (one query), claim write, COMMIT; then the lone writes.
+        assert queries == 4 + lone
     run.refresh_from_db()
     assert run.tool_calls.filter(turn_index=1).count() == k
     assert all(c.state == "succeeded" for c in run.tool_calls.all())
