@@ -370,3 +370,45 @@ def test_zombie__engine_step_that_lost_its_lease_records_nothing(postgres):
     assert list(run.events.values_list("type", flat=True)).count("model_response") == 2
     assert run.turn_count == 2
     assert_projection_matches(run)
+
+
+def test_zombie__tool_result_of_a_lost_lease_is_refused(postgres):
+    """A worker whose lease was taken while its handler ran: the result write (sent alone,
+    in autocommit) records nothing; the new holder re-runs the read-only call."""
+    client = ScriptedClient([reply(tool_use("slow", {"seconds": 0.6})), reply(text("done"))])
+    run = start_run("test-agent", "hello")
+    outcome: list[str] = []
+
+    def zombie():
+        try:
+            outcome.append(advance(run.pk, client=client, owner="zombie"))
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=zombie)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not ToolCall.objects.filter(run=run, state="in_flight").exists():
+        assert time.monotonic() < deadline, "the call never went in_flight"
+        time.sleep(0.02)
+    _expire(run)
+    thief = services.claim_run(run.pk, "thief")
+    assert thief is not None
+    thread.join(20)
+    assert outcome == [Outcome.LEASE_LOST]
+    call = ToolCall.objects.get(run=run)
+    assert (call.state, call.result, call.attempt) == ("in_flight", None, 1)
+    types = list(run.events.values_list("type", flat=True))
+    assert "tool_call_started" in types and "tool_call_finished" not in types
+    assert_gap_free(run)
+
+    services.release_lease(thief)
+    close_old_connections()
+    for _ in range(5):
+        if advance(run.pk, client=client) != Outcome.CONTINUED:
+            break
+    run.refresh_from_db()
+    assert run.state == "completed", (run.state, run.error_code, run.error_message)
+    call.refresh_from_db()
+    assert (call.state, call.attempt) == ("succeeded", 2)
+    assert_projection_matches(run)
