@@ -151,6 +151,7 @@ class _Step:
         self.outcome = Outcome.CONTINUED
         self.turn: Turn | None = None
         self._cancel_seen = False
+        self._started: ToolCall | None = None  # in_flight, its handler not yet run
 
     @contextmanager
     def _tx(self, *, lazy: bool = True):
@@ -653,8 +654,12 @@ class _Step:
         for call in turn.calls:  # type: ignore[attr-defined]
             if call.is_closed:
                 continue  # replay: its result is recorded
-            self._check_abort()
             tool = self.agent.tools.get(call.name) if self.agent else None
+            if call is self._started:  # went in_flight with the previous call's result
+                self._started = None
+                self._run_handler(turn, call, tool)
+                continue
+            self._check_abort()
             if call.state == ToolCallState.UNKNOWN:
                 self._park_unknown(call, call.unknown_reason, already=True)
             if call.state == ToolCallState.AWAITING_APPROVAL:
@@ -729,30 +734,48 @@ class _Step:
             self._execute_atomic(turn, call, tool)
             return
         with self._tx():
-            old = _set_state(call, ToolCallState.IN_FLIGHT)
-            now = timezone.now()
-            _save(
-                call,
-                old,
-                defer=self._rows,
-                attempt=call.attempt + 1,
-                started_at=now,
-                heartbeat_at=now,
+            self._fenced(self._start(call), last=True)
+        self._run_handler(turn, call, tool)
+
+    def _start(self, call: ToolCall) -> list[Event]:
+        """The call goes in_flight (deferred to the unit's run write); returns its event."""
+        old = _set_state(call, ToolCallState.IN_FLIGHT)
+        now = timezone.now()
+        _save(
+            call, old, defer=self._rows, attempt=call.attempt + 1, started_at=now, heartbeat_at=now
+        )
+        return [
+            (
+                "tool_call_started",
+                {
+                    "turn_index": call.turn_index,
+                    "tool_call_id": call.tool_call_id,
+                    "attempt": call.attempt,
+                    "tool_call_state": call.state,
+                },
             )
-            self._fenced(
-                [
-                    (
-                        "tool_call_started",
-                        {
-                            "turn_index": call.turn_index,
-                            "tool_call_id": call.tool_call_id,
-                            "attempt": call.attempt,
-                            "tool_call_state": call.state,
-                        },
-                    )
-                ],
-                last=True,
-            )
+        ]
+
+    def _next_to_start(self, turn: Turn) -> ToolCall | None:
+        """The turn's next open call, if it may go in_flight in the commit that records the
+        result before it: requested, its tool defined and not atomic, no approval needed,
+        no abort or passed deadline. (Both are durable before its handler starts, which
+        is all write-ahead asks; it saves a commit per call.)"""
+        call = next((c for c in turn.calls if not c.is_closed), None)  # type: ignore[attr-defined]
+        if call is None or call.state != ToolCallState.REQUESTED or self.abort.aborted:
+            return None
+        deadline = self.run_obj.deadline
+        if deadline is not None and deadline <= timezone.now():
+            return None
+        tool = self.agent.tools.get(call.name) if self.agent else None
+        if tool is None or tool.side_effect == SideEffect.ATOMIC:
+            return None
+        if not call.approved and tool.needs_approval(call.arguments, self.run_obj):
+            return None
+        return call
+
+    def _run_handler(self, turn: Turn, call: ToolCall, tool: Tool) -> None:
+        """Run an in_flight call's handler and record its result."""
         failpoint("tool.before_handler", call.name)
         state, result, is_error = self._invoke(tool, call)
         failpoint("tool.after_handler", call.name)
@@ -800,8 +823,12 @@ class _Step:
             )
             if all(c.is_closed for c in turn.calls):  # type: ignore[attr-defined]
                 self._close_turn(turn, events)
-            else:
-                self._fenced(events, last=True)
+                return
+            following = self._next_to_start(turn) if atomic else None
+            if following is not None:
+                events += self._start(following)
+            self._fenced(events, last=True)
+            self._started = following
 
         if atomic:
             with self._tx():

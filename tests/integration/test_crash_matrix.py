@@ -60,7 +60,16 @@ def finish(run, workers, timeout=60):
         raise
 
 
-@pytest.mark.parametrize("point", sorted(POINTS))
+# save_note is the second call of its turn: it goes in_flight in the commit that records
+# lookup's result, so these kill the worker inside and around that shared commit.
+SECOND_CALL = [
+    "tool.after_commit@lookup",
+    "tool.before_handler@save_note",
+    "tool.after_handler@save_note",
+]
+
+
+@pytest.mark.parametrize("point", sorted(POINTS) + SECOND_CALL)
 def test_crash_at__every_failpoint(point, workers, messages_api, settings):
     settings.AGENTRUN_LEASE_SECONDS = 2
     messages_api.script = script()

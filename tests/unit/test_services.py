@@ -468,7 +468,7 @@ def _lookups(k, prefix):
 BUDGET = {
     0: {"queries": 14, "statements": 10, "commits": 2},
     1: {"queries": 26, "statements": 18, "commits": 4},
-    4: {"queries": 56, "statements": 36, "commits": 10},
+    4: {"queries": 56, "statements": 36, "commits": 7},
 }
 
 
@@ -498,8 +498,9 @@ def test_turn_budget__queries_and_commits(k, monkeypatch, no_broker, capsys):
     assert counter.total <= 2 + 2 * k
     assert counter.total == BUDGET[k]["commits"]
     # On Postgres every durable write but the claim's is one statement sent alone
-    # (services.write_unit): the response, then in_flight and the result of each call.
-    lone = 2 * k + 1 if connection.vendor == "postgresql" else 0
+    # (services.write_unit): the response, the first call's in_flight, then each call's
+    # result (with the next call's in_flight).
+    lone = (k + 2 if k else 1) if connection.vendor == "postgresql" else 0
     assert counter.autocommit_writes == lone
     if connection.vendor == "postgresql":
         # Round trips: BEGIN, claim + history (one query), claim write, COMMIT; then the lone writes.
@@ -522,7 +523,8 @@ def test_turn_budget__marginal_cost_per_tool_call_is_constant(monkeypatch, no_br
     marginal = per_k[2][0] - per_k[1][0]
     assert per_k[4][0] - per_k[2][0] == 2 * marginal
     assert marginal <= 6  # in_flight: UPDATE call, UPDATE run, INSERT event; result: same
-    assert [per_k[k][1] for k in (1, 2, 4)] == [4, 6, 10]
+    # A call's result and the next call's in_flight share a commit: k + 3 in all.
+    assert [per_k[k][1] for k in (1, 2, 4)] == [4, 5, 7]
 
 
 @pytest.mark.django_db(transaction=True)
