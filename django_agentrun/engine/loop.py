@@ -770,7 +770,10 @@ class _Step:
         tool = self.agent.tools.get(call.name) if self.agent else None
         if tool is None or tool.side_effect == SideEffect.ATOMIC:
             return None
-        if not call.approved and tool.needs_approval(call.arguments, self.run_obj):
+        try:
+            if not call.approved and tool.needs_approval(call.arguments, self.run_obj):
+                return None
+        except Exception:  # noqa: BLE001 - let the loop meet it, after this result commits
             return None
         return call
 

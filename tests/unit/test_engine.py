@@ -566,3 +566,86 @@ def test_model_error__in_a_later_turn_keeps_the_history_and_resumes(settings):
     assert len(executions("lookup")) == 1  # the recorded result is replayed, not re-run
     assert_requests_valid(client)
     assert_projection_matches(run)
+
+
+# --------------------------------------------------------------------------- shared commits
+
+
+def _event_types(run):
+    return list(
+        RunEvent.objects.filter(run_id=run.pk).order_by("seq").values_list("type", flat=True)
+    )
+
+
+def test_tools__next_call_goes_in_flight_with_the_previous_result(monkeypatch):
+    """Killed right after the first call's result committed: the second call is already
+    in_flight (same commit), its handler not run; a new advance re-runs it (read_only)."""
+    from django_agentrun.failpoints import FailpointError
+
+    client = ScriptedClient(
+        [
+            reply(tool_use("lookup", {"query": "a"}), tool_use("lookup", {"query": "b"})),
+            reply(text("ok")),
+        ]
+    )
+    run = start_run("test-agent", "hello")
+    monkeypatch.setenv("AGENTRUN_FAILPOINTS", "tool.after_commit=raise")
+    with pytest.raises(FailpointError):
+        advance(run.pk, client=client)
+    first, second = run.tool_calls.order_by("position")
+    assert (first.state, second.state, second.attempt) == ("succeeded", "in_flight", 1)
+    assert [e["query"] for e in executions("lookup")] == ["a"]
+    assert _event_types(run)[-2:] == ["tool_call_finished", "tool_call_started"]
+    monkeypatch.delenv("AGENTRUN_FAILPOINTS")
+    from django_agentrun.models import Run
+
+    Run.objects.filter(pk=run.pk).update(lease_owner="")  # as if the lease had lapsed
+    drive(run, client)
+    second.refresh_from_db()
+    assert run.state == "completed"
+    assert (second.state, second.attempt) == ("succeeded", 2)
+    assert [e["query"] for e in executions("lookup")] == ["a", "b"]
+    assert_projection_matches(run)
+
+
+@pytest.mark.parametrize(
+    ("second", "state"),
+    [
+        (tool_use("refund", {"amount_cents": 50_000}), "awaiting_approval"),  # needs a person
+        (tool_use("bump_counter", {"name": "n"}), "succeeded"),  # atomic: its own commit
+    ],
+)
+def test_tools__a_call_that_cannot_start_early_waits_for_its_own_turn(second, state):
+    client = ScriptedClient([reply(tool_use("lookup", {"query": "a"}), second), reply(text("ok"))])
+    run = start_run("approvals", "hello")
+    advance(run.pk, client=client)
+    first, other = run.tool_calls.order_by("position")
+    assert first.state == "succeeded"
+    assert other.state == state
+    assert "tool_call_started" not in [
+        e.type
+        for e in RunEvent.objects.filter(run_id=run.pk, seq__gt=0)
+        if e.payload.get("tool_call_id") == other.tool_call_id
+    ]
+    assert_projection_matches(run)
+
+
+def test_tools__an_approval_policy_that_raises_does_not_lose_the_previous_result(monkeypatch):
+    from tests.testapp import agents
+
+    def broken(arguments, run):
+        raise RuntimeError("policy bug")
+
+    monkeypatch.setattr(agents.refund, "requires_approval", broken)
+    client = ScriptedClient(
+        [
+            reply(tool_use("lookup", {"query": "a"}), tool_use("refund", {"amount_cents": 1})),
+            reply(text("ok")),
+        ]
+    )
+    run = start_run("approvals", "hello")
+    with pytest.raises(RuntimeError, match="policy bug"):
+        advance(run.pk, client=client)
+    first, other = run.tool_calls.order_by("position")
+    assert (first.state, other.state) == ("succeeded", "requested")
+    assert executions("refund") == []
