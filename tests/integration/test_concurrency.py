@@ -323,6 +323,44 @@ def test_zombie__superseded_lease_writes_nothing(postgres):
     assert_gap_free(run)
 
 
+def _steal_mid_step(run, client, reached):
+    """Advance the run as "zombie" in a thread; once `reached()` holds, expire its lease
+    and claim it as "thief". Returns the thief's lease after the zombie's step ended,
+    which must have been LEASE_LOST."""
+    outcome: list[str] = []
+
+    def zombie():
+        try:
+            outcome.append(advance(run.pk, client=client, owner="zombie"))
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=zombie)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not reached():
+        assert time.monotonic() < deadline, "the zombie never got there"
+        time.sleep(0.02)
+    _expire(run)
+    thief = services.claim_run(run.pk, "thief")
+    assert thief is not None
+    thread.join(20)
+    assert outcome == [Outcome.LEASE_LOST]
+    return thief
+
+
+def _finish_after(thief, run, client):
+    """The thief gives the lease back; the run then finishes."""
+    services.release_lease(thief)
+    close_old_connections()
+    for _ in range(5):
+        if advance(run.pk, client=client) != Outcome.CONTINUED:
+            break
+    run.refresh_from_db()
+    assert run.state == "completed", (run.state, run.error_code, run.error_message)
+    assert_projection_matches(run)
+
+
 def test_zombie__engine_step_that_lost_its_lease_records_nothing(postgres):
     """A worker stuck in the model call loses its lease; its answer is refused."""
     entered = threading.Event()
@@ -335,22 +373,7 @@ def test_zombie__engine_step_that_lost_its_lease_records_nothing(postgres):
 
     client = Gate([reply(tool_use("save_note", {"text": "x"})), reply(text("ok"))])
     run = start_run("test-agent", "hello")
-    outcome: list[str] = []
-
-    def zombie():
-        try:
-            outcome.append(advance(run.pk, client=client, owner="zombie"))
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=zombie)
-    thread.start()
-    assert entered.wait(10)
-    _expire(run)
-    thief = services.claim_run(run.pk, "thief")
-    assert thief is not None
-    thread.join(20)
-    assert outcome == [Outcome.LEASE_LOST]
+    thief = _steal_mid_step(run, client, entered.is_set)
     run.refresh_from_db()
     assert run.lease_owner == "thief"
     types = list(run.events.values_list("type", flat=True))
@@ -359,17 +382,9 @@ def test_zombie__engine_step_that_lost_its_lease_records_nothing(postgres):
     assert run.turn_count == 0 and run.output_tokens == 0
     assert_gap_free(run)
 
-    # The new holder gives it back; the run then finishes, the answer recorded once.
-    services.release_lease(thief)
-    close_old_connections()
-    for _ in range(5):
-        if advance(run.pk, client=client) != Outcome.CONTINUED:
-            break
-    run.refresh_from_db()
-    assert run.state == "completed", (run.state, run.error_code, run.error_message)
+    _finish_after(thief, run, client)  # the answer is recorded once
     assert list(run.events.values_list("type", flat=True)).count("model_response") == 2
     assert run.turn_count == 2
-    assert_projection_matches(run)
 
 
 def test_zombie__tool_result_of_a_lost_lease_is_refused(postgres):
@@ -377,38 +392,14 @@ def test_zombie__tool_result_of_a_lost_lease_is_refused(postgres):
     in autocommit) records nothing; the new holder re-runs the read-only call."""
     client = ScriptedClient([reply(tool_use("slow", {"seconds": 0.6})), reply(text("done"))])
     run = start_run("test-agent", "hello")
-    outcome: list[str] = []
-
-    def zombie():
-        try:
-            outcome.append(advance(run.pk, client=client, owner="zombie"))
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=zombie)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not ToolCall.objects.filter(run=run, state="in_flight").exists():
-        assert time.monotonic() < deadline, "the call never went in_flight"
-        time.sleep(0.02)
-    _expire(run)
-    thief = services.claim_run(run.pk, "thief")
-    assert thief is not None
-    thread.join(20)
-    assert outcome == [Outcome.LEASE_LOST]
+    in_flight = ToolCall.objects.filter(run=run, state="in_flight").exists
+    thief = _steal_mid_step(run, client, in_flight)
     call = ToolCall.objects.get(run=run)
     assert (call.state, call.result, call.attempt) == ("in_flight", None, 1)
     types = list(run.events.values_list("type", flat=True))
     assert "tool_call_started" in types and "tool_call_finished" not in types
     assert_gap_free(run)
 
-    services.release_lease(thief)
-    close_old_connections()
-    for _ in range(5):
-        if advance(run.pk, client=client) != Outcome.CONTINUED:
-            break
-    run.refresh_from_db()
-    assert run.state == "completed", (run.state, run.error_code, run.error_message)
+    _finish_after(thief, run, client)
     call.refresh_from_db()
     assert (call.state, call.attempt) == ("succeeded", 2)
-    assert_projection_matches(run)
