@@ -761,6 +761,8 @@ class _Step:
         result before it: requested, its tool defined and not atomic, no approval needed,
         no abort or passed deadline. (Both are durable before its handler starts, which
         is all write-ahead asks; it saves a commit per call.)"""
+        if self.recover_only:  # the reaper's step runs no handler
+            return None
         call = next((c for c in turn.calls if not c.is_closed), None)  # type: ignore[attr-defined]
         if call is None or call.state != ToolCallState.REQUESTED or self.abort.aborted:
             return None

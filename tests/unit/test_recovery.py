@@ -69,3 +69,32 @@ def test_recovery__capped_by_the_reaper(monkeypatch, settings, test_log):
     run.refresh_from_db()
     assert (run.state, run.error_code) == ("failed", "recovery_exhausted")
     assert RunEvent.objects.filter(run=run, type="run_failed").count() == 1
+
+
+def test_recovery__the_reapers_step_starts_no_further_call(monkeypatch, test_log):
+    """recover_in_flight reconciles the dead call but leaves the next one requested
+    (it may not go in_flight early: that step runs no handler)."""
+    from django_agentrun.engine.loop import recover_in_flight
+
+    monkeypatch.setenv("AGENTRUN_FAILPOINTS", "tool.after_handler@send_message=raise")
+    client = ScriptedClient(
+        [
+            reply(
+                tool_use("send_message", {"to": "ann@example.com", "body": "hi"}),
+                tool_use("lookup", {"query": "x"}),
+            ),
+            reply(text("done")),
+        ]
+    )
+    run = start_run("test-agent", "go")
+    with pytest.raises(FailpointError):
+        advance(run.pk, client=client)
+    monkeypatch.delenv("AGENTRUN_FAILPOINTS")
+    _expire(run)
+    recover_in_flight(run.pk)
+    send, look = run.tool_calls.order_by("position")
+    assert (send.state, send.result_source) == ("succeeded", "reconciled")
+    assert (look.state, look.attempt) == ("requested", 0)
+    assert executions("lookup") == []
+    run.refresh_from_db()
+    assert (run.state, run.lease_owner) == ("awaiting_tool", "")  # released for a worker
