@@ -3,7 +3,7 @@ VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 PG_URL ?= postgres://postgres@127.0.0.1:5432/agentrun
 
-.PHONY: test lint checks test-sqlite test-postgres demo bench bench-quick install
+.PHONY: test lint checks test-sqlite test-postgres test-postgres-ssb demo bench bench-quick install
 
 # A virtualenv with the project and its test dependencies, rebuilt when pyproject changes.
 $(VENV)/.installed: pyproject.toml
@@ -14,7 +14,7 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
-test: install lint checks test-sqlite test-postgres
+test: install lint checks test-sqlite test-postgres test-postgres-ssb
 
 lint: install
 	$(PYTHON) -m ruff check .
@@ -31,6 +31,11 @@ test-sqlite: install
 # Everything on Postgres, with Redis and real Celery worker processes.
 test-postgres: install
 	DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest tests -q
+
+# The unit tier again with Django's server-side parameter binding (psycopg), which the
+# engine's raw SQL must also work with.
+test-postgres-ssb: install
+	AGENTRUN_TEST_SERVER_SIDE_BINDING=1 DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest tests/unit -q
 
 # The seed's scenario with real processes; SQLite and a server-less broker unless told otherwise.
 demo: install

@@ -16,3 +16,9 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):  # noqa: F405
     DATABASES["default"]["NAME"] = ":memory:"  # noqa: F405
     DATABASES["default"]["TEST"] = {"NAME": ":memory:"}  # noqa: F405
+# Django's psycopg option for server-side parameter binding (the engine's raw SQL must work
+# with either); `make test-postgres-ssb` runs the unit tier with it.
+if os.environ.get("AGENTRUN_TEST_SERVER_SIDE_BINDING") and DATABASES["default"]["ENGINE"].endswith(  # noqa: F405
+    "postgresql"
+):
+    DATABASES["default"].setdefault("OPTIONS", {})["server_side_binding"] = True  # noqa: F405
