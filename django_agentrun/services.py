@@ -311,8 +311,9 @@ def write_unit() -> Iterator[_Unit | None]:
     A durable engine write is usually one statement (a data-modifying CTE, see
     _with_events). When the unit's only statement is its `last=True` run write, that
     statement is sent alone in autocommit mode: one round trip instead of three (BEGIN,
-    the statement, COMMIT), and still all or nothing, because the statement asserts its
-    own row counts. Any other statement begins a real transaction first (an execute
+    the statement, COMMIT), and still all or nothing: the statement fails as a whole
+    unless the fence and every row update in it matched (see _with_events). Any other
+    statement begins a real transaction first (an execute
     wrapper sees every statement), and a held write is sent inside it. On-commit
     callbacks registered through _after_commit run after the unit commits; an exception
     sends nothing held and rolls back what was begun.
