@@ -538,3 +538,35 @@ def test_turn_budget__first_turn(monkeypatch, no_broker):
     assert statements <= 12  # the second turn's 10, plus run_started (UPDATE run, INSERT event)
     assert counter.total == 2
     assert_projection_matches(run)
+
+
+# --------------------------------------------------------------------------- claim loads
+
+
+@pytest.mark.django_db
+def test_claim_and_load__rows_equal_what_the_orm_loads():
+    """The claim's own row builder (one round trip, no queryset) gives the same values as
+    the ORM, timestamps aware and equal included."""
+    from django_agentrun import services
+
+    client = ScriptedClient(
+        [reply(text("a"), tool_use("lookup", {"query": "x"})), reply(text("done"))]
+    )
+    run = start_run("test-agent", "hello")
+    advance(run.pk, client=client)
+    claimed = services.claim_and_load(run.pk, "someone")
+    assert claimed is not None and claimed.turns and claimed.calls
+
+    def values(obj):
+        return {f.attname: getattr(obj, f.attname) for f in type(obj)._meta.concrete_fields}
+
+    assert values(claimed.run) == values(Run.objects.get(pk=run.pk))
+    assert [values(t) for t in claimed.turns] == [
+        values(t) for t in Turn.objects.filter(run_id=run.pk).order_by("index")
+    ]
+    assert [values(c) for c in claimed.calls] == [
+        values(c) for c in ToolCall.objects.filter(run_id=run.pk).order_by("turn_index", "position")
+    ]
+    stamps = [claimed.run.created_at, claimed.turns[0].started_at, claimed.calls[0].finished_at]
+    assert all(s is not None and s.utcoffset() is not None for s in stamps)
+    assert not claimed.run._state.adding and claimed.calls[0]._state.db == "default"
