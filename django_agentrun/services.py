@@ -76,6 +76,26 @@ def _db(model: type, name: str, value: Any) -> Any:
     return model._meta.get_field(name).get_db_prep_save(value, connection)
 
 
+def _assignments(model: type, fields: dict[str, Any]) -> tuple[list[str], list[Any]]:
+    """`column = %s` clauses and their database values for an UPDATE of `model`
+    (a foreign key is written as its target's id)."""
+    qn = connection.ops.quote_name
+    sets, params = [], []
+    for name, value in fields.items():
+        field = model._meta.get_field(name)
+        target = field
+        if field.is_relation:
+            value = getattr(value, "pk", value)
+            target = field.target_field
+        sets.append(f"{qn(field.column)} = %s")
+        params.append(target.get_db_prep_save(value, connection))
+    return sets, params
+
+
+# The columns the engine writes of each event, in the order its INSERTs list them.
+_EVENT_COLUMNS = ("run_id", "seq", "type", "payload", "created_at")
+
+
 def _write_run(
     run: Run,
     events: list[Event],
@@ -105,14 +125,7 @@ def _write_run(
     if old_state is not None:
         fields["state"] = run.state
     qn = connection.ops.quote_name
-    sets, params = [], []
-    for name, value in fields.items():
-        model_field = Run._meta.get_field(name)
-        if model_field.is_relation:  # a foreign key: write its id
-            value = getattr(value, "pk", value)
-            model_field = model_field.target_field
-        sets.append(f"{qn(Run._meta.get_field(name).column)} = %s")
-        params.append(model_field.get_db_prep_save(value, connection))
+    sets, params = _assignments(Run, fields)
     for name, delta in (incr or {}).items():
         column = qn(Run._meta.get_field(name).column)
         sets.append(f"{column} = {column} + %s")
@@ -220,7 +233,7 @@ def _with_events(
     qn = connection.ops.quote_name
     payload = RunEvent._meta.get_field("payload")
     values = ", ".join(["(%s, %s, %s::jsonb)"] * len(events))
-    columns = ", ".join(qn(c) for c in ("run_id", "seq", "type", "payload", "created_at"))
+    columns = ", ".join(qn(c) for c in _EVENT_COLUMNS)
     pk = qn("id")
     ctes = "".join(
         f"c{i} AS ({u.sql} RETURNING {pk}), "
@@ -419,18 +432,8 @@ def _save(
     if old_state is not None:
         fields["state"] = obj.state
     qn = connection.ops.quote_name
-    meta = model._meta
-    sets, params = [], []
-    for name, value in fields.items():
-        field = meta.get_field(name)
-        if field.is_relation:
-            value = getattr(value, "pk", value)
-            target = field.target_field
-        else:
-            target = field
-        sets.append(f"{qn(field.column)} = %s")
-        params.append(target.get_db_prep_save(value, connection))
-    sql = f"UPDATE {qn(meta.db_table)} SET {', '.join(sets)} WHERE {qn('id')} = %s"
+    sets, params = _assignments(model, fields)
+    sql = f"UPDATE {qn(model._meta.db_table)} SET {', '.join(sets)} WHERE {qn('id')} = %s"
     params.append(obj.pk)
     if old_state is not None:
         sql += f" AND {qn('state')} = %s"
@@ -507,7 +510,7 @@ def _insert_events(run_id: Any, first: int, events: list[Event], now: datetime) 
     params: list[Any] = []
     for i, (kind, data) in enumerate(events):
         params += [run_db, first + i, kind, payload.get_db_prep_save(data, connection), created]
-    columns = ", ".join(qn(c) for c in ("run_id", "seq", "type", "payload", "created_at"))
+    columns = ", ".join(qn(c) for c in _EVENT_COLUMNS)
     with connection.cursor() as cursor:
         cursor.execute(
             f"INSERT INTO {qn(RunEvent._meta.db_table)} ({columns}) VALUES "

@@ -166,9 +166,7 @@ class _Step:
                 yield
             except _Stop as exc:
                 stop = exc
-            for update in self._rows:  # deferred but never sent with a run write
-                services._apply(update)
-            self._rows = []
+            services._flush(self._rows)  # deferred but never sent with a run write
         if self._cancel_seen or (unit is not None and unit.cancel_requested):
             self.abort.abort("cancel requested")
         if stop is not None:
@@ -531,7 +529,7 @@ class _Step:
         for position, block in enumerate(blocks):
             name = str(block.get("name", ""))
             raw = block.get("input") if isinstance(block.get("input"), dict) else {}
-            tool: Tool | None = agent.tools.get(name) if agent else None
+            tool = self._tool(name)
             error: str | None = None
             state = ToolCallState.REQUESTED
             arguments: dict[str, Any] = raw
@@ -650,11 +648,15 @@ class _Step:
 
     # ----------------------------------------------------------------- tools
 
+    def _tool(self, name: str) -> Tool | None:
+        """The agent's tool of that name (None: no longer defined, or the agent is gone)."""
+        return self.agent.tools.get(name) if self.agent else None
+
     def _tools_step(self, turn: Turn) -> None:
         for call in turn.calls:  # type: ignore[attr-defined]
             if call.is_closed:
                 continue  # replay: its result is recorded
-            tool = self.agent.tools.get(call.name) if self.agent else None
+            tool = self._tool(call.name)
             if call is self._started:  # went in_flight with the previous call's result
                 self._started = None
                 self._run_handler(turn, call, tool)
@@ -769,7 +771,7 @@ class _Step:
         deadline = self.run_obj.deadline
         if deadline is not None and deadline <= timezone.now():
             return None
-        tool = self.agent.tools.get(call.name) if self.agent else None
+        tool = self._tool(call.name)
         if tool is None or tool.side_effect == SideEffect.ATOMIC:
             return None
         try:
@@ -885,9 +887,7 @@ class _Step:
         if turn is not None and turn.state == TurnState.AWAITING_TOOL:
             for call in turn.calls:  # type: ignore[attr-defined]
                 if call.state == ToolCallState.IN_FLIGHT:
-                    self._recover(
-                        turn, call, self.agent.tools.get(call.name) if self.agent else None
-                    )
+                    self._recover(turn, call, self._tool(call.name))
         with self._tx():
             self._fenced([], fields=services._release_fields())
             self.released = True
