@@ -24,7 +24,7 @@ from django_agentrun.exceptions import (
 from django_agentrun.models import Run, RunEvent, ToolCall
 from django_agentrun.states import RunState
 from django_agentrun.testing import ScriptedClient, error, reply, text, tool_use
-from tests.conftest import assert_projection_matches
+from tests.conftest import assert_projection_matches, drive
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -353,10 +353,7 @@ def _finish_after(thief, run, client):
     """The thief gives the lease back; the run then finishes."""
     services.release_lease(thief)
     close_old_connections()
-    for _ in range(5):
-        if advance(run.pk, client=client) != Outcome.CONTINUED:
-            break
-    run.refresh_from_db()
+    drive(run, client, limit=5)
     assert run.state == "completed", (run.state, run.error_code, run.error_message)
     assert_projection_matches(run)
 

@@ -22,7 +22,7 @@ from django_agentrun.failpoints import FailpointError
 from django_agentrun.models import Run, RunEvent, ToolCall, Turn
 from django_agentrun.recovery import reap
 from django_agentrun.testing import ScriptedClient, reply, text, tool_use
-from tests.conftest import assert_projection_matches
+from tests.conftest import assert_projection_matches, drive
 from tests.testapp.agents import executions
 
 pytestmark = pytest.mark.timeout(60)
@@ -88,10 +88,7 @@ def state_of_db():
 def finish(run, script):
     """Drive a recovered run to its end in-process (the wake-up the stub did not deliver)."""
     client = ScriptedClient(script)
-    for _ in range(10):
-        if advance(run.pk, client=client) != Outcome.CONTINUED:
-            break
-    run.refresh_from_db()
+    drive(run, client, limit=10)
     return client
 
 
