@@ -227,7 +227,8 @@ class Run(FSMModelMixin, UsageCounts):
 class Turn(FSMModelMixin, UsageCounts):
     """One model request/response and the tool calls it asked for."""
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="turns")
+    # No index of its own: the unique (run, index) leads with it.
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="turns", db_index=False)
     index = models.PositiveIntegerField()
     state = FSMField(
         default=TurnState.RUNNING,
