@@ -2,7 +2,7 @@
 
 (a) during a slow streamed model response: a solo worker with the real Anthropic
     client (AGENTRUN_MODEL_CLIENT=django_agentrun.clients.anthropic.AnthropicModelClient)
-    against the local fake Messages API (tests/messages_api.py), which sends one SSE
+    against the local fake Messages API (django_agentrun/testing/messages_api), which sends one SSE
     event every few seconds. Measured: cancel_run -> run.state == "cancelled", and
     whether the server saw the client hang up (`server.disconnects`).
 (b) during a tool that runs `ctx.run_subprocess(["sleep", ...])`: measured cancel_run
@@ -40,7 +40,7 @@ def _wait_cancelled(run_id, started: float, timeout: float = 15) -> float:
 
 def stream_trials(n: int) -> list[dict]:
     from django_agentrun import cancel_run, start_run
-    from tests.messages_api import MessagesAPIServer, Reply
+    from django_agentrun.testing.messages_api import MessagesAPIServer, Reply
 
     reply = Reply("A long answer. " * 200, delay=STREAM_DELAY, chunk_size=10)
     results = []

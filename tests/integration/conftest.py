@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from tests.messages_api import MessagesAPIServer
+from django_agentrun.testing.messages_api import MessagesAPIServer
 from tests.worker_process import celery_worker_argv
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,9 +11,9 @@ from pathlib import Path
 
 from django_agentrun import cancel_run, resume_run, start_run
 from django_agentrun.models import Run
+from django_agentrun.testing.messages_api import Reply, text, tool_use
 from tests.conftest import assert_projection_matches
 from tests.integration.conftest import wait_for
-from tests.messages_api import Reply, text, tool_use
 from tests.testapp.agents import executions
 
 

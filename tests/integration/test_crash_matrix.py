@@ -15,9 +15,9 @@ import pytest
 from django_agentrun import start_run
 from django_agentrun.failpoints import POINTS
 from django_agentrun.recovery import reap
+from django_agentrun.testing.messages_api import Reply, by_step, text, tool_use
 from tests.conftest import assert_projection_matches
 from tests.integration.conftest import wait_for
-from tests.messages_api import Reply, by_step, text, tool_use
 from tests.testapp.agents import executions
 
 TERMINAL = {"completed", "failed", "cancelled", "timed_out", "awaiting_approval"}

@@ -10,9 +10,9 @@ import pytest
 from django_agentrun import start_run
 from django_agentrun.models import Run
 from django_agentrun.tasks import advance_run
+from django_agentrun.testing.messages_api import Reply, by_step, text, tool_use
 from tests.conftest import assert_projection_matches
 from tests.integration.conftest import wait_for
-from tests.messages_api import Reply, by_step, text, tool_use
 from tests.testapp.agents import executions
 
 pytestmark = pytest.mark.timeout(90)

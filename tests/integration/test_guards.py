@@ -12,8 +12,8 @@ from django_agentrun import start_run
 from django_agentrun.clients.anthropic import AnthropicModelClient
 from django_agentrun.engine.guards import FINAL_TURN_NOTICE
 from django_agentrun.models import RunEvent
+from django_agentrun.testing.messages_api import MessagesAPIServer, Reply, by_step, text, tool_use
 from tests.conftest import assert_projection_matches, drive
-from tests.messages_api import MessagesAPIServer, Reply, by_step, text, tool_use
 from tests.testapp.agents import executions
 
 pytestmark = pytest.mark.django_db

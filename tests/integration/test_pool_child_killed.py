@@ -10,8 +10,8 @@ from pathlib import Path
 
 from django_agentrun import start_run
 from django_agentrun.models import Run, RunEvent
+from django_agentrun.testing.messages_api import Reply, by_step, text, tool_use
 from tests.integration.conftest import wait_for
-from tests.messages_api import Reply, by_step, text, tool_use
 
 
 def _children(pid: int) -> list[int]:

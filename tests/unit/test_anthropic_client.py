@@ -21,7 +21,14 @@ from django_agentrun.clients.base import (
     StreamAborted,
     Usage,
 )
-from tests.messages_api import MessagesAPIServer, Reply, by_step, error, text, tool_use
+from django_agentrun.testing.messages_api import (
+    MessagesAPIServer,
+    Reply,
+    by_step,
+    error,
+    text,
+    tool_use,
+)
 
 pytestmark = pytest.mark.timeout(10)
 

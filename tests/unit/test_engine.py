@@ -15,8 +15,8 @@ from django_agentrun.clients import ModelError
 from django_agentrun.engine import Outcome, advance
 from django_agentrun.models import RunEvent
 from django_agentrun.testing import Reply, ScriptedClient, error, reply, text, tool_use
+from django_agentrun.testing.messages_api import validate_request
 from tests.conftest import assert_projection_matches, drive
-from tests.messages_api import validate_request
 from tests.testapp.agents import executions
 
 pytestmark = pytest.mark.django_db

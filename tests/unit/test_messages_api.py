@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.messages_api import (
+from django_agentrun.testing.messages_api import (
     APIRequestError,
     MessagesAPIServer,
     Reply,

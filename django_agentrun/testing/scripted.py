@@ -19,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .abort import AbortSignal
-from .clients.base import ModelError, ModelRequest, ModelResponse, StreamAborted, Usage
+from ..abort import AbortSignal
+from ..clients.base import ModelError, ModelRequest, ModelResponse, StreamAborted, Usage
 
 _ids = itertools.count(1)
 

@@ -1,0 +1,198 @@
+"""Scripted replies of the Messages API stand-in: what it answers, by step or by callable."""
+
+from __future__ import annotations
+
+import secrets
+import string
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+# The real API's error type for each status code.
+# The real API's error type for each status code.
+ERROR_TYPES: dict[int, str] = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    402: "billing_error",
+    403: "permission_error",
+    404: "not_found_error",
+    408: "timeout_error",
+    413: "request_too_large",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "api_error",
+    502: "api_error",
+    503: "api_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+
+
+_ALPHABET = string.ascii_letters + string.digits
+
+
+def new_id(prefix: str) -> str:
+    """An id shaped like the API's (`toolu_01...`, `msg_01...`, `req_011C...`)."""
+    return prefix + "01" + "".join(secrets.choice(_ALPHABET) for _ in range(22))
+
+
+def text(s: str) -> dict[str, Any]:
+    """A text content block."""
+    return {"type": "text", "text": s}
+
+
+def tool_use(
+    name: str, input: dict[str, Any] | None = None, id: str | None = None
+) -> dict[str, Any]:
+    """A tool_use content block; the id is generated (once, by Reply) if not given."""
+    block: dict[str, Any] = {"type": "tool_use", "name": name, "input": dict(input or {})}
+    if id is not None:
+        block["id"] = id
+    return block
+
+
+@dataclass
+class Reply:
+    """One scripted answer of the fake API.
+
+    `content` holds text / tool_use (or any other) blocks; a str is one text block.
+    Missing tool_use ids are generated once, here, so a script that hands out the
+    same Reply object twice answers with the same ids (like a deterministic model).
+    A `status` >= 400 makes it an error reply in the API's error shape.
+    """
+
+    content: list[dict[str, Any]] | str = field(default_factory=list)
+    # Default: "tool_use" if content has a tool_use block, "max_tokens" if truncated, else "end_turn".
+    stop_reason: str | None = None
+    stop_sequence: str | None = None
+    # Any of input_tokens / output_tokens / cache_creation_input_tokens / cache_read_input_tokens;
+    # the rest are estimated (input: request body size / 4, output: content size / 4, cache: 0).
+    usage: dict[str, int] | None = None
+    # Seconds between Server-Sent Events (a slow stream).
+    delay: float = 0.0
+    # Seconds before the response headers (a slow first byte; also applies to JSON replies).
+    latency: float = 0.0
+    status: int = 200
+    error_type: str | None = None
+    error_message: str | None = None
+    # Extra response headers, e.g. {"retry-after": "2"}.
+    headers: dict[str, str] = field(default_factory=dict)
+    # Cut the last tool_use block's input JSON in half mid-stream (stop_reason "max_tokens").
+    truncate_input: bool = False
+    # Send an `event: error` of this type after the content blocks, instead of finishing the stream.
+    stream_error: str | None = None
+    # Close the connection abruptly after this many SSE events (a network failure mid-stream).
+    drop_after: int | None = None
+    # Characters per text_delta (and per input_json_delta).
+    chunk_size: int = 20
+    model: str | None = None
+    message_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.content, str):
+            self.content = [text(self.content)]
+        blocks = []
+        for block in self.content:
+            block = dict(block)
+            if block.get("type") == "tool_use" and not block.get("id"):
+                block["id"] = new_id("toolu_")
+            blocks.append(block)
+        self.content = blocks
+        if self.truncate_input and not any(b.get("type") == "tool_use" for b in blocks):
+            raise ValueError("truncate_input needs a tool_use block to truncate")
+        if self.stop_reason is None:
+            if self.truncate_input:
+                self.stop_reason = "max_tokens"
+            elif any(b.get("type") == "tool_use" for b in blocks):
+                self.stop_reason = "tool_use"
+            else:
+                self.stop_reason = "end_turn"
+        if self.is_error:
+            self.error_type = self.error_type or ERROR_TYPES.get(self.status, "api_error")
+            self.error_message = self.error_message or f"fake {self.error_type} ({self.status})"
+
+    @property
+    def is_error(self) -> bool:
+        return self.status >= 400
+
+    def blocks(self) -> list[dict[str, Any]]:
+        """The content as the API returns it (a truncated tool_use input is cut off)."""
+        blocks = [dict(b) for b in self.content]  # type: ignore[union-attr]
+        if self.truncate_input:
+            last = last_tool_use_index(blocks)
+            # Nothing after the cut; a non-streamed truncated tool_use has no usable input.
+            blocks = blocks[: last + 1]
+            blocks[last]["input"] = {}
+        return blocks
+
+
+def error(
+    status: int,
+    error_type: str | None = None,
+    message: str | None = None,
+    *,
+    retry_after: float | None = None,
+    headers: dict[str, str] | None = None,
+) -> Reply:
+    """An error reply, e.g. `error(429, retry_after=2)`, `error(529)`, `error(500)`."""
+    all_headers = dict(headers or {})
+    if retry_after is not None:
+        all_headers["retry-after"] = f"{retry_after:g}"
+    return Reply(status=status, error_type=error_type, error_message=message, headers=all_headers)
+
+
+class ScriptExhausted(LookupError):
+    """by_step() was asked for a step it has no reply for."""
+
+
+Script = Callable[[dict[str, Any]], Any]
+"""A script maps a request body to a Reply (or a str / block dict / list of blocks)."""
+
+
+def step_of(body: dict[str, Any]) -> int:
+    """The agent step a request is for: the number of assistant messages it carries."""
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return 0
+    return sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant")
+
+
+def as_reply(value: Any, body: dict[str, Any]) -> Reply:
+    """Coerce what a script returned into a Reply."""
+    for _ in range(3):  # a script may return a callable (e.g. a by_step item)
+        if not callable(value) or isinstance(value, Reply):
+            break
+        value = value(body)
+    if isinstance(value, Reply):
+        return value
+    if isinstance(value, str | dict):
+        return Reply([value] if isinstance(value, dict) else value)
+    if isinstance(value, list):
+        return Reply(value)
+    raise TypeError(f"script returned {type(value).__name__}, expected a Reply")
+
+
+def by_step(replies: list[Any]) -> Script:
+    """A script answering `replies[i]` for step i (the number of assistant messages).
+
+    A request re-sent for the same step (a retry, a crash recovery) gets the same
+    answer. Items may be a Reply, a str, a block, a list of blocks, or a callable
+    taking the request body. Asking past the end raises ScriptExhausted, which the
+    server answers with a 400 naming the step.
+    """
+    items = list(replies)
+
+    def script(body: dict[str, Any]) -> Reply:
+        step = step_of(body)
+        if step >= len(items):
+            raise ScriptExhausted(
+                f"fake API script exhausted: no reply for step {step} ({len(items)} scripted)"
+            )
+        return as_reply(items[step], body)
+
+    return script
+
+
+def last_tool_use_index(blocks: list[dict[str, Any]]) -> int:
+    """The position of the last tool_use block in `blocks`."""
+    return max(i for i, b in enumerate(blocks) if b.get("type") == "tool_use")
