@@ -3,7 +3,7 @@ VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 PG_URL ?= postgres://postgres@127.0.0.1:5432/agentrun
 
-.PHONY: test lint checks test-sqlite test-postgres test-postgres-ssb demo bench bench-quick install
+.PHONY: test lint checks test-sqlite test-postgres test-postgres-ssb test-postgres-psycopg2 demo bench bench-quick install
 
 # A virtualenv with the project and its test dependencies, rebuilt when pyproject changes.
 $(VENV)/.installed: pyproject.toml
@@ -14,7 +14,7 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
-test: install lint checks test-sqlite test-postgres test-postgres-ssb
+test: install lint checks test-sqlite test-postgres test-postgres-ssb test-postgres-psycopg2
 
 lint: install
 	$(PYTHON) -m ruff check .
@@ -36,6 +36,11 @@ test-postgres: install
 # engine's raw SQL must also work with.
 test-postgres-ssb: install
 	AGENTRUN_TEST_SERVER_SIDE_BINDING=1 DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest tests/unit -q
+
+# Everything on Postgres again through psycopg2 (projects on the older driver): the tests
+# make `import psycopg` fail, so Django and the app fall back to psycopg2, workers included.
+test-postgres-psycopg2: install
+	AGENTRUN_TEST_PSYCOPG2=1 DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest tests -q
 
 # The seed's scenario with real processes; SQLite and a server-less broker unless told otherwise.
 demo: install

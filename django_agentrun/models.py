@@ -13,7 +13,6 @@ import uuid
 from typing import Any
 
 from django.conf import settings
-from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
@@ -21,6 +20,7 @@ from django_fsm import FSMField, FSMModelMixin, transition
 
 from .clients.base import USAGE_KEYS
 from .exceptions import AppendOnlyError
+from .fields import json_field
 from .states import (
     RUN_ACTIVE,
     RUN_TRANSITIONS,
@@ -114,8 +114,8 @@ class Run(FSMModelMixin, UsageCounts):
         max_length=_width(RunState),
         protected=True,
     )
-    input = models.JSONField(help_text="The initial user input: a string or content blocks.")
-    config = models.JSONField(
+    input = json_field(help_text="The initial user input: a string or content blocks.")
+    config = json_field(
         default=dict, help_text="Snapshot of the agent's configuration when the run was created."
     )
     correlation_id = models.CharField(max_length=200, blank=True, db_index=True)
@@ -126,7 +126,7 @@ class Run(FSMModelMixin, UsageCounts):
         on_delete=models.SET_NULL,
         related_name="agent_runs",
     )
-    metadata = models.JSONField(default=dict, blank=True)
+    metadata = json_field(default=dict, blank=True)
     # NULL, not "": runs without a key must not collide in the unique constraints.
     idempotency_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
 
@@ -134,7 +134,7 @@ class Run(FSMModelMixin, UsageCounts):
     cost_usd = models.DecimalField(max_digits=14, decimal_places=6, default=0)
     turn_count = models.PositiveIntegerField(default=0)
 
-    output = models.JSONField(null=True, blank=True)
+    output = json_field(null=True, blank=True)
     stop_reason = models.CharField(max_length=64, blank=True)
     error_code = models.CharField(max_length=64, blank=True)
     error_message = models.TextField(blank=True)
@@ -239,7 +239,7 @@ class Turn(FSMModelMixin, UsageCounts):
     is_final = models.BooleanField(
         default=False, help_text="The last allowed turn: final notice sent, no tools offered."
     )
-    content = models.JSONField(
+    content = json_field(
         null=True, blank=True, help_text="The assistant content blocks, as the API returned them."
     )
     message_id = models.CharField(max_length=200, blank=True)
@@ -292,7 +292,7 @@ class ToolCall(FSMModelMixin, models.Model):
     )
     position = models.PositiveIntegerField()
     name = models.CharField(max_length=200)
-    arguments = models.JSONField(default=dict, help_text="Canonical arguments (as validated).")
+    arguments = json_field(default=dict, help_text="Canonical arguments (as validated).")
     arguments_hash = models.CharField(max_length=64)
     side_effect = models.CharField(
         max_length=_width(SideEffect), choices=SideEffect.choices, default=SideEffect.READ_ONLY
@@ -308,7 +308,7 @@ class ToolCall(FSMModelMixin, models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
-    result = models.JSONField(null=True, blank=True, help_text="The tool_result content.")
+    result = json_field(null=True, blank=True, help_text="The tool_result content.")
     is_error = models.BooleanField(default=False)
     result_source = models.CharField(
         max_length=_width(ResultSource), choices=ResultSource.choices, blank=True
@@ -317,14 +317,14 @@ class ToolCall(FSMModelMixin, models.Model):
 
     # Approval.
     approved = models.BooleanField(default=False)
-    approval_payload = models.JSONField(null=True, blank=True)
+    approval_payload = json_field(null=True, blank=True)
     approval_deadline = models.DateTimeField(null=True, blank=True)
     decided_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     decided_at = models.DateTimeField(null=True, blank=True)
     decision_note = models.TextField(blank=True)
-    original_arguments = models.JSONField(
+    original_arguments = json_field(
         null=True, blank=True, help_text="The model's arguments, when a person edited them."
     )
     created_at = models.DateTimeField(default=timezone.now)
@@ -407,7 +407,7 @@ class RunEvent(models.Model):
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events", db_index=False)
     seq = models.PositiveIntegerField()
     type = models.CharField(max_length=64)
-    payload = models.JSONField(default=dict, encoder=DjangoJSONEncoder)
+    payload = json_field(default=dict)
     created_at = models.DateTimeField(default=timezone.now)
 
     objects = RunEventQuerySet.as_manager()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -40,6 +41,7 @@ from .exceptions import (
     LeaseLost,
     RunNotActive,
 )
+from .fields import check_json, check_text, storable_text
 from .models import Run, RunEvent, ToolCall, Turn
 from .states import (
     ResultSource,
@@ -612,6 +614,10 @@ def start_run(
     input = _validate_input(input)
     if metadata is not None and not isinstance(metadata, dict):
         raise InvalidInput("metadata must be a JSON object.")
+    check_json(input, "The input")
+    check_json(metadata, "metadata")
+    check_text(correlation_id, "correlation_id")
+    check_text(idempotency_key, "The idempotency key")
     if idempotency_key is not None:
         existing = _existing_run(owner, idempotency_key, agent_obj.name, input)
         if existing is not None:
@@ -680,6 +686,7 @@ def _lease_live(run: Run, now: datetime) -> bool:
 def cancel_run(run: Run | Any, *, by: Any = None, reason: str = "") -> Run:
     """Ask a run to stop. Applied at once when no worker holds it; otherwise the holder
     sees the request within about a second and closes the turn cleanly."""
+    check_text(reason, "The reason")
     with transaction.atomic():
         run = Run.objects.select_for_update().get(pk=getattr(run, "pk", run))
         if run.state == RunState.CANCELLED:
@@ -842,6 +849,7 @@ def approve_tool_call(
     token: str | None = None,
 ) -> ToolCall:
     """Approve a waiting call (optionally with edited arguments, re-validated); twice is a no-op."""
+    check_text(note, "The note")
     with transaction.atomic():
         call, run = _lock_call(tool_call)
         if call.approved and call.state != ToolCallState.AWAITING_APPROVAL and arguments is None:
@@ -873,6 +881,7 @@ def approve_tool_call(
                 canonical = tool.validate(arguments)
             except ToolArgumentsError as exc:
                 raise InvalidArguments(str(exc)) from exc
+            check_json(canonical, "The arguments")
             if canonical != call.arguments:
                 fields.update(
                     original_arguments=call.original_arguments or call.arguments,
@@ -892,6 +901,7 @@ def reject_tool_call(
     tool_call: ToolCall | Any, *, by: Any, reason: str, token: str | None = None
 ) -> ToolCall:
     """Decline a waiting call: it closes with an is_error result that tells the model why."""
+    check_text(reason, "The reason")
     with transaction.atomic():
         call, run = _lock_call(tool_call)
         if call.state == ToolCallState.REJECTED:
@@ -933,6 +943,8 @@ def resolve_tool_call(
 ) -> ToolCall:
     """A person settles a call whose outcome is unknown: `done` (with its result),
     `retry` (one new attempt) or `fail` (an is_error result)."""
+    check_text(note, "The note")
+    check_json(result, "The result")
     from .tools import result_content
 
     with transaction.atomic():
@@ -1124,11 +1136,15 @@ def _execute_many(statements: list[tuple[str, list[Any]]]) -> list[list[tuple]]:
 
 
 def _multi_statement(cursor: Any) -> bool:
-    if connection.vendor != "postgresql":
-        return False
-    import psycopg
-
-    return isinstance(cursor.cursor, psycopg.ClientCursor)
+    """Several statements with their results in one query: psycopg 3's client-side binding
+    cursor only (psycopg2 returns the last statement's rows only; psycopg 3's server-side
+    binding refuses several statements). Never imports a driver the project does not use."""
+    psycopg = sys.modules.get("psycopg")
+    return (
+        connection.vendor == "postgresql"
+        and psycopg is not None
+        and isinstance(cursor.cursor, psycopg.ClientCursor)
+    )
 
 
 def _utc_timestamps() -> bool:
@@ -1267,6 +1283,7 @@ def run_failed(
     turn: Turn | None = None,
 ) -> None:
     """End the run as failed with a structured error (inside the caller's transaction)."""
+    message = storable_text(message)
     events = list(events or [])
     now = timezone.now()
     if turn is not None and turn.state not in (

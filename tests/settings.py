@@ -1,6 +1,12 @@
 """Test settings: the example project plus the test app; Postgres when DATABASE_URL is set."""
 
 import os
+import sys
+
+# `make test-postgres-psycopg2`: Django falls back to psycopg2 when psycopg (3) cannot be
+# imported, as in a project that only has psycopg2 installed. Inherited by worker processes.
+if os.environ.get("AGENTRUN_TEST_PSYCOPG2"):
+    sys.modules["psycopg"] = None  # type: ignore[assignment]
 
 from example_project.settings import *  # noqa: F403
 

@@ -29,8 +29,9 @@ from ..clients import (
     get_model_client,
 )
 from ..conf import agentrun_settings
-from ..exceptions import LeaseLost, ToolCancelled, ToolError, UnknownAgent
+from ..exceptions import InvalidInput, LeaseLost, ToolCancelled, ToolError, UnknownAgent
 from ..failpoints import failpoint
+from ..fields import check_json, storable_text
 from ..models import Run, ToolCall, Turn, idempotency_key_for
 from ..services import Event, Lease, _close_call, _save, _set_state, fenced
 from ..states import ResultSource, RunState, SideEffect, ToolCallState, TurnState
@@ -784,7 +785,7 @@ class _Step:
     def _run_handler(self, turn: Turn, call: ToolCall, tool: Tool) -> None:
         """Run an in_flight call's handler and record its result."""
         failpoint("tool.before_handler", call.name)
-        state, result, is_error = self._invoke(tool, call)
+        state, result, is_error = _storable(call, *self._invoke(tool, call))
         failpoint("tool.after_handler", call.name)
         self._finish(turn, call, state, result, is_error, ResultSource.EXECUTED)
         failpoint("tool.after_commit", call.name)
@@ -803,7 +804,9 @@ class _Step:
                 raise LeaseLost(f"Run {self.run_id}: lease lost before an atomic tool")
             try:
                 with transaction.atomic():
-                    state, result, is_error = self._invoke(tool, call)
+                    state, result, is_error = _storable(
+                        call, *self._invoke(tool, call), atomic=True
+                    )
                     if is_error:
                         raise _RollbackTool(state, result)
             except _RollbackTool as rollback:
@@ -916,6 +919,7 @@ class _Step:
         )
 
     def _park_unknown(self, call: ToolCall, reason: str, *, already: bool = False) -> None:
+        reason = storable_text(reason)
         with self._tx():
             events: list[Event] = []
             if not already:
@@ -1109,6 +1113,35 @@ class _Step:
             if run.deadline is not None and run.deadline <= timezone.now():
                 self._close(RunState.TIMED_OUT, "deadline passed", [])
         raise LeaseLost(f"Run {self.run_id}: aborted ({self.abort.reason})")
+
+
+def _storable(
+    call: ToolCall, state: str, result: Any, is_error: bool, *, atomic: bool = False
+) -> tuple[str, Any, bool]:
+    """The handler's outcome as it can be recorded. A result no database can store (it
+    holds NaN, say) must not fail the commit: that would look like a crash and re-run the
+    tool. The model is told the tool ran and its result was lost instead."""
+    try:
+        check_json(result, "The result")
+    except InvalidInput as exc:
+        logger.warning(
+            "Result of %s cannot be stored run_id=%s tool_call_id=%s: %s",
+            call.name,
+            call.run_id,
+            call.tool_call_id,
+            exc,
+        )
+        effect = (
+            "its changes were rolled back."
+            if atomic
+            else "do not assume it failed: it may have had its effect."
+        )
+        return (
+            ToolCallState.ERRORED,
+            f"The tool ran, but its result could not be recorded ({exc}); {effect}",
+            True,
+        )
+    return state, result, is_error
 
 
 class _RollbackTool(Exception):

@@ -1,0 +1,147 @@
+"""What the database cannot store (NUL, lone surrogates, NaN) behaves the same on SQLite and
+Postgres: JSON values are stored faithfully, text that cannot be stored is refused, and a
+result that cannot be stored never looks like a crash (which would re-run the tool)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import connection
+from django.urls import reverse
+from rest_framework.test import APIClient
+
+from django_agentrun import Agent, SideEffect, services, start_run, tool
+from django_agentrun.exceptions import InvalidInput
+from django_agentrun.fields import ESCAPE, storable_text
+from django_agentrun.models import Run, RunEvent, ToolCall
+from django_agentrun.testing import ScriptedClient, reply, text, tool_use
+from tests.conftest import drive
+
+pytestmark = pytest.mark.django_db
+
+# NUL, a lone surrogate (what surrogateescape makes of an undecodable byte), the escape
+# character itself, text that looks like an escape, and an ordinary emoji.
+AWKWARD = "a\x00b \udcff c" + ESCAPE + "0000 \\u0000 \U0001f600"
+CALLS: list[str] = []
+
+
+@tool(side_effect=SideEffect.READ_ONLY)
+def binary_output(path: str) -> dict:
+    """Read a file (returns undecodable and NUL characters)."""
+    CALLS.append("binary_output")
+    return {"path": path, "content": AWKWARD, AWKWARD: [AWKWARD]}
+
+
+@tool(side_effect=SideEffect.NON_IDEMPOTENT)
+def not_a_number() -> list:
+    """Return a value JSON cannot hold."""
+    CALLS.append("not_a_number")
+    return [{"type": "text", "text": "measured", "value": math.nan}]
+
+
+Agent(
+    name="storage-agent",
+    model="claude-sonnet-4-5",
+    tools=[binary_output, not_a_number],
+    max_turns=5,
+)
+
+
+@pytest.fixture(autouse=True)
+def _calls():
+    CALLS.clear()
+
+
+def _raw(table: str, column: str, pk) -> object:
+    """The stored JSON as the database returns it, decoded with no escaping rule."""
+    qn = connection.ops.quote_name
+    cast = "::text" if connection.vendor == "postgresql" else ""
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {qn(column)}{cast} FROM {qn(table)} WHERE id = %s", [pk])
+        return json.loads(cursor.fetchone()[0])
+
+
+def test_json__awkward_text_round_trips_and_is_stored_by_one_rule():
+    value = {"k" + AWKWARD: [AWKWARD, 1, None, {"x": AWKWARD}]}
+    run = start_run("storage-agent", [{"type": "text", "text": AWKWARD}], metadata=value)
+    fresh = Run.objects.get(pk=run.pk)
+    assert fresh.metadata == value
+    assert fresh.input == [{"type": "text", "text": AWKWARD}]
+    # The same stored form on SQLite and Postgres: every NUL, lone surrogate and escape
+    # character as U+FDD0 + four hex digits; nothing else changes.
+    stored = _raw(Run._meta.db_table, "metadata", run.pk.hex)
+    escaped = "a\ufdd00000b \ufdd0dcff c\ufdd0fdd00000 \\u0000 \U0001f600"
+    assert stored == {"k" + escaped: [escaped, 1, None, {"x": escaped}]}
+    created = RunEvent.objects.get(run=run, seq=1)
+    assert created.payload["metadata"] == value
+
+
+def test_json__plain_values_are_stored_unchanged():
+    run = start_run("storage-agent", "plain", metadata={"emoji": "\U0001f600", "n": 1.5})
+    assert _raw(Run._meta.db_table, "metadata", run.pk.hex) == {"emoji": "\U0001f600", "n": 1.5}
+
+
+def test_tool_output_with_nul__recorded_faithfully_and_run_once():
+    client = ScriptedClient(
+        [reply(tool_use("binary_output", {"path": "/bin/ls"})), reply(text("ok"))]
+    )
+    run = start_run("storage-agent", "read it")
+    drive(run, client)
+    assert run.state == "completed", (run.error_code, run.error_message)
+    assert CALLS == ["binary_output"]
+    call = ToolCall.objects.get(run=run)
+    assert call.state == "succeeded"
+    result = call.result if isinstance(call.result, dict) else json.loads(call.result)
+    assert result["content"] == AWKWARD
+    # The model got it back as it was, in the next request.
+    sent = client.requests[1].messages[-1]["content"][0]["content"]
+    assert json.loads(sent)["content"] == AWKWARD
+
+
+def test_unstorable_result__becomes_an_error_result_not_a_rerun():
+    client = ScriptedClient([reply(tool_use("not_a_number", {})), reply(text("noted"))])
+    run = start_run("storage-agent", "go")
+    drive(run, client)
+    assert run.state == "completed", (run.error_code, run.error_message)
+    assert CALLS == ["not_a_number"]  # executed once, never re-run
+    call = ToolCall.objects.get(run=run)
+    assert call.state == "errored" and call.is_error
+    assert "could not be recorded" in str(call.result)
+    assert "may have had its effect" in str(call.result)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"input": [{"type": "text", "text": "x", "n": math.nan}]}, "input"),
+        ({"metadata": {"n": math.inf}}, "metadata"),
+        ({"correlation_id": "a\x00b"}, "correlation_id"),
+        ({"idempotency_key": "k\x00"}, "idempotency key"),
+    ],
+)
+def test_start_run__what_cannot_be_stored_is_refused(kwargs, message):
+    kwargs.setdefault("input", "hello")
+    with pytest.raises(InvalidInput, match=message):
+        start_run("storage-agent", **kwargs)
+    assert not Run.objects.exists()
+
+
+def test_text_columns__people_are_refused_runtime_text_is_replaced():
+    run = start_run("storage-agent", "x")
+    with pytest.raises(InvalidInput, match="reason"):
+        services.cancel_run(run, reason="stop\x00")
+    assert storable_text("bad\x00 \udcff end") == "bad\ufffd \ufffd end"
+
+
+def test_api__nul_in_input_and_metadata_is_stored_faithfully():
+    user = User.objects.create_user("nul", password="pw")
+    api = APIClient()
+    api.force_authenticate(user)
+    body = {"agent": "storage-agent", "input": "a\x00b", "metadata": {"k": "v\x00"}}
+    response = api.post(reverse("agentrun:run-list"), body, format="json")
+    assert response.status_code == 201, response.content
+    run = Run.objects.get()
+    assert run.input == "a\x00b" and run.metadata == {"k": "v\x00"}
