@@ -181,7 +181,17 @@ class AnthropicModelClient:
             # Even a stream that happened to finish is dropped: the run was cancelled or
             # this worker lost its lease, so nothing may be recorded from it.
             raise StreamAborted(f"model stream aborted: {abort.reason}")
-        return stream.get_final_message()
+        message = stream.get_final_message()
+        if message.stop_reason is None:
+            # The body ended cleanly before message_delta/message_stop (a proxy or gateway
+            # closed it): the SDK returns the partial snapshot. Its text is truncated and a
+            # tool_use may hold partial arguments that happen to validate: never use it.
+            raise ModelError(
+                "The model's stream ended before the message was complete (no stop reason).",
+                retryable=True,
+                request_id=stream.request_id or "",
+            )
+        return message
 
     @staticmethod
     def build_params(request: ModelRequest) -> dict[str, Any]:

@@ -374,7 +374,7 @@ class _Step:
             if self.abort.aborted:
                 raise StreamAborted(self.abort.reason)
             try:
-                return self.client.create(request, abort=self.abort), attempt
+                return _complete(self.client.create(request, abort=self.abort)), attempt
             except ModelError as exc:
                 if not exc.retryable or attempt == retries:
                     raise
@@ -414,7 +414,7 @@ class _Step:
         usage = response.usage.as_dict()
         cost = guards.cost_of(self.config["model"], usage)
         now = timezone.now()
-        stop = response.stop_reason or "end_turn"
+        stop = response.stop_reason
         blocks = [b for b in content if b.get("type") == "tool_use"]
         truncated_id = (
             content[-1].get("id")
@@ -1113,6 +1113,16 @@ class _Step:
             if run.deadline is not None and run.deadline <= timezone.now():
                 self._close(RunState.TIMED_OUT, "deadline passed", [])
         raise LeaseLost(f"Run {self.run_id}: aborted ({self.abort.reason})")
+
+
+def _complete(response: ModelResponse) -> ModelResponse:
+    """Only a complete response is recorded or executed: one without a stop reason was cut
+    short (whatever client produced it), so it is retried like a dropped connection."""
+    if not response.stop_reason:
+        raise ModelError(
+            "The model's response has no stop reason: it is incomplete.", retryable=True
+        )
+    return response
 
 
 def _storable(

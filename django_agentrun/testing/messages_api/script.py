@@ -83,6 +83,9 @@ class Reply:
     stream_error: str | None = None
     # Close the connection abruptly after this many SSE events (a network failure mid-stream).
     drop_after: int | None = None
+    # End the body cleanly after this many SSE events, before `message_stop` (a proxy or
+    # gateway that closes the stream early: no error, just an incomplete message).
+    end_after: int | None = None
     # Characters per text_delta (and per input_json_delta).
     chunk_size: int = 20
     model: str | None = None

@@ -300,6 +300,8 @@ class _Handler(BaseHTTPRequestHandler):
                     self.close_connection = True
                     self.connection.shutdown(socket.SHUT_RDWR)
                     return
+                if reply.end_after is not None and n >= reply.end_after:
+                    break  # a clean end of the body, before the message is complete
                 if n and reply.delay and self._client_gone(reply.delay):
                     raise _ClientGone()
                 self._write_chunk(event)
