@@ -47,11 +47,20 @@ def tool_then_text(step):
     return Reply([text("Found it.")])
 
 
-def client_for(api):
-    return AnthropicModelClient(base_url=api.base_url, api_key="test-key")
+@pytest.fixture
+def client_for():
+    made = []
+
+    def make(api):
+        made.append(AnthropicModelClient(base_url=api.base_url, api_key="test-key"))
+        return made[-1]
+
+    yield make
+    for client in made:
+        client.close()
 
 
-def test_client__a_body_ended_before_message_stop_is_a_retryable_error():
+def test_client__a_body_ended_before_message_stop_is_a_retryable_error(client_for):
     # message_start, ping, block start, the empty partial_json, then 3 chunks of input: the
     # SDK's snapshot holds {"query": "ord"}-like partial arguments and no stop reason.
     with MessagesAPIServer(cut_first(tool_then_text, end_after=7, cuts=9)) as api:
@@ -64,7 +73,7 @@ def test_client__a_body_ended_before_message_stop_is_a_retryable_error():
     assert "no stop reason" in str(caught.value)
 
 
-def test_engine__partial_tool_use_is_never_executed_the_complete_answer_is():
+def test_engine__partial_tool_use_is_never_executed_the_complete_answer_is(client_for):
     with MessagesAPIServer(cut_first(tool_then_text, end_after=7)) as api:
         run = start_run("test-agent", "Where is Ann's order?")
         drive(run, client_for(api))
@@ -78,7 +87,7 @@ def test_engine__partial_tool_use_is_never_executed_the_complete_answer_is():
     assert run.turn_count == 2  # usage of the cut response is not counted
 
 
-def test_engine__truncated_text_is_never_recorded_as_the_answer():
+def test_engine__truncated_text_is_never_recorded_as_the_answer(client_for):
     answer = "The order shipped on Monday and arrives on Thursday."
 
     def script_step(step):
@@ -92,7 +101,9 @@ def test_engine__truncated_text_is_never_recorded_as_the_answer():
     assert run.stop_reason == "end_turn"
 
 
-def test_engine__always_cut_short__fails_after_the_bounded_retries_nothing_run(settings):
+def test_engine__always_cut_short__fails_after_the_bounded_retries_nothing_run(
+    settings, client_for
+):
     settings.AGENTRUN_MODEL_RETRIES = 2
     with MessagesAPIServer(cut_first(tool_then_text, end_after=7, cuts=99)) as api:
         run = start_run("test-agent", "Where is Ann's order?")
