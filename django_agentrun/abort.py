@@ -9,6 +9,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+# Why an advance was aborted (AbortSignal.reason).
+CANCEL_REQUESTED = "cancel requested"
+"""The run's cancel request was seen: close cleanly, keeping what is recorded."""
+LEASE_LOST = "lease lost"
+"""Another worker holds the run now: stop and write nothing."""
+LEASE_UNRENEWED = "lease could not be renewed"
+"""The heartbeat could not renew the lease: stop executing before it can expire."""
+
 
 class AbortSignal:
     """A thread-safe, one-shot abort flag with callbacks (like the web's AbortSignal)."""

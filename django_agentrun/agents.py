@@ -96,6 +96,8 @@ class Agent:
             "prompt_caching": s.PROMPT_CACHING
             if self.prompt_caching is None
             else self.prompt_caching,
+            # resume_run starts the agent's time limit over when a resumed run had passed it.
+            "deadline_seconds": self.deadline.total_seconds() if self.deadline else None,
             "approval_timeout_seconds": (
                 self.approval_timeout.total_seconds() if self.approval_timeout else None
             ),

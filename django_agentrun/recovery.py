@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from . import services
 from .conf import agentrun_settings
+from .identity import worker_identity
 from .models import Run, ToolCall
 from .states import RunState, ToolCallState
 
@@ -152,7 +153,7 @@ def _each(report: ReapReport, dry_run: bool, kind: str, qs, batch: int, act) -> 
 
 
 def _take(run: Run) -> services.Lease:
-    return services.take_lease(run, f"reaper:{services.worker_identity()}")
+    return services.take_lease(run, f"reaper:{worker_identity()}")
 
 
 def _time_out(run: Run, now: datetime) -> str:

@@ -10,10 +10,9 @@ Side effects (enqueueing, signals) happen on commit, never inside a transition.
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -40,6 +39,7 @@ from .exceptions import (
     InvalidTransition,
     LeaseLost,
     RunNotActive,
+    UnknownAgent,
 )
 from .fields import check_json, check_text, storable_text
 from .models import Run, RunEvent, ToolCall, Turn
@@ -62,16 +62,39 @@ TOKEN_SALT = "django_agentrun.approval"
 
 @dataclass(frozen=True)
 class Lease:
-    """Proof that this worker may advance the run: its owner string and the epoch it claimed."""
+    """Proof that this worker may advance the run: its owner string and the epoch it
+    claimed. `valid_until` (time.monotonic()) is when it runs out at the latest, taken
+    before the claim was sent: the holder must stop executing before then unless renewed."""
 
     run_id: uuid.UUID
     owner: str
     epoch: int
+    valid_until: float = float("inf")
 
 
-def worker_identity() -> str:
-    """host:pid:random — the pid lets a worker on the same host see that a holder died."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+def _clock(seconds: float = 0.0) -> tuple[str, list[Any]]:
+    """SQL for the current time plus `seconds`, by the database's clock on Postgres (app
+    servers' clocks differ; lease expiry is judged by one clock). SQLite runs on the app's
+    host: its time is the app's."""
+    if connection.vendor == "postgresql":
+        if not seconds:
+            return "statement_timestamp()", []
+        return "(statement_timestamp() + %s * interval '1 second')", [float(seconds)]
+    return "%s", [_db(Run, "lease_expires_at", timezone.now() + timedelta(seconds=seconds))]
+
+
+def database_now() -> datetime:
+    """The database's current time (one query on Postgres)."""
+    if connection.vendor != "postgresql":
+        return timezone.now()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement_timestamp()")
+        value = cursor.fetchone()[0]
+    return value if timezone.is_aware(value) else timezone.make_aware(value, UTC)
+
+
+class DatabaseNow:
+    """A field value written as the database's current time (see _clock)."""
 
 
 def _db(model: type, name: str, value: Any) -> Any:
@@ -80,11 +103,16 @@ def _db(model: type, name: str, value: Any) -> Any:
 
 def _assignments(model: type, fields: dict[str, Any]) -> tuple[list[str], list[Any]]:
     """`column = %s` clauses and their database values for an UPDATE of `model`
-    (a foreign key is written as its target's id)."""
+    (a foreign key is written as its target's id; DatabaseNow as the database's time)."""
     qn = connection.ops.quote_name
     sets, params = [], []
     for name, value in fields.items():
         field = model._meta.get_field(name)
+        if isinstance(value, DatabaseNow):
+            sql, extra = _clock()
+            sets.append(f"{qn(field.column)} = {sql}")
+            params += extra
+            continue
         target = field
         if field.is_relation:
             value = getattr(value, "pk", value)
@@ -191,7 +219,7 @@ def _write_run(
         run.last_seq = last_seq
         for name, value in fields.items():
             if name != "state":
-                setattr(run, name, value)
+                setattr(run, name, timezone.now() if isinstance(value, DatabaseNow) else value)
         for name, delta in (incr or {}).items():
             setattr(run, name, getattr(run, name) + delta)
         return cancel_requested
@@ -554,6 +582,11 @@ def _enqueue(run_id: Any, countdown: float | None = None) -> None:
     _after_commit(send)
 
 
+def enqueue_advance(run_id: Any) -> None:
+    """Wake a worker for this run (after the current transaction, if any, commits)."""
+    _enqueue(run_id)
+
+
 def _on_commit_signal(signal: Any, **kwargs: Any) -> None:
     _after_commit(lambda: signal.send(sender=Run, **kwargs))
 
@@ -567,8 +600,9 @@ def _user_id(user: Any) -> Any:
 
 
 def _release_fields() -> dict[str, Any]:
-    # Released leases keep a time: the reaper re-wakes a run nobody picked up since then.
-    return {"lease_owner": "", "lease_expires_at": timezone.now()}
+    # Released leases keep a time (the database's): the reaper re-wakes a run nobody
+    # picked up since then.
+    return {"lease_owner": "", "lease_expires_at": DatabaseNow()}
 
 
 # --------------------------------------------------------------------------- runs
@@ -703,8 +737,11 @@ def cancel_run(run: Run | Any, *, by: Any = None, reason: str = "") -> Run:
                 "cancel_requested_by": by if getattr(by, "pk", None) else None,
             }
             events.append(("cancel_requested", {"by": _user_id(by), "reason": reason}))
-        if run.state in (RunState.QUEUED, RunState.AWAITING_APPROVAL) or not _lease_live(run, now):
-            _close_run(run, RunState.CANCELLED, reason or "cancelled", events, fields=fields)
+        if run.state in (RunState.QUEUED, RunState.AWAITING_APPROVAL) or not _lease_live(
+            run, database_now()
+        ):
+            reason = reason or run.cancel_reason or "cancelled"
+            _close_run(run, RunState.CANCELLED, reason, events, fields=fields)
         else:
             _write_run(run, events, fields=fields)
     logger.info("Cancel requested run_id=%s state=%s", run.pk, run.state)
@@ -720,9 +757,11 @@ def _close_run(
     lease: Lease | None = None,
     fields: dict[str, Any] | None = None,
     message: str | None = None,
+    not_started: frozenset[Any] = frozenset(),
 ) -> None:
     """Close open tool calls and the open turn with synthetic results, then end the run
-    as cancelled or timed_out. Completed tool outputs are kept."""
+    as cancelled or timed_out. Completed tool outputs are kept. `not_started`: in_flight
+    calls (pks) whose handler is known not to have started."""
     now = timezone.now()
     text = message or (
         f"Cancelled: {reason}" if target == RunState.CANCELLED else f"Timed out: {reason}"
@@ -735,7 +774,7 @@ def _close_run(
             events += _close_call(
                 call,
                 ToolCallState.CANCELLED,
-                _cancel_text(call, text),
+                _cancel_text(call, text, started=call.pk not in not_started),
                 is_error=True,
                 source=ResultSource.SYNTHETIC,
             )
@@ -760,8 +799,8 @@ def _close_run(
     _on_commit_signal(signals.run_finished, run=run, state=run.state)
 
 
-def _cancel_text(call: ToolCall, text: str) -> str:
-    if call.state == ToolCallState.IN_FLIGHT:
+def _cancel_text(call: ToolCall, text: str, *, started: bool = True) -> str:
+    if call.state == ToolCallState.IN_FLIGHT and started:
         return f"{text}. The tool may have started; its outcome is unknown."
     return f"{text}. The tool was not run."
 
@@ -786,7 +825,10 @@ def resume_run(run: Run | Any, *, by: Any = None) -> Run:
             **_release_fields(),
         }
         if run.deadline is not None and run.deadline <= now:
-            fields["deadline"] = None  # a passed deadline would end it again at once
+            # A passed deadline would end it again at once. The agent's own time limit
+            # starts over; a one-off deadline given to start_run is dropped.
+            limit = _agent_deadline_seconds(run)
+            fields["deadline"] = now + timedelta(seconds=limit) if limit else None
         _write_run(
             run,
             [("run_resumed", {"run_state": run.state, "by": _user_id(by), "from": old})],
@@ -796,6 +838,18 @@ def resume_run(run: Run | Any, *, by: Any = None) -> Run:
         _enqueue(run.pk)
     logger.info("Run resumed run_id=%s", run.pk)
     return run
+
+
+def _agent_deadline_seconds(run: Run) -> float | None:
+    """The agent's time limit for a run, from its configuration snapshot (runs created
+    before it was snapshotted: the agent as registered now)."""
+    if "deadline_seconds" in (run.config or {}):
+        return run.config["deadline_seconds"]
+    try:
+        deadline = get_agent(run.agent).deadline
+    except UnknownAgent:
+        return None
+    return deadline.total_seconds() if deadline else None
 
 
 # --------------------------------------------------------------------------- approvals
@@ -1065,6 +1119,7 @@ class Claimed:
     run: Run
     turns: list[Turn]
     calls: list[ToolCall]
+    took_over: bool = False
 
 
 def claim_and_load(
@@ -1072,31 +1127,49 @@ def claim_and_load(
 ) -> Claimed | None:
     """claim_run, returning the claimed row (UPDATE ... RETURNING) and, with `history`,
     the run's turns and tool calls. On Postgres with client-side binding (Django's
-    default) the three statements go in one round trip."""
-    now = timezone.now()
-    expires = now + timedelta(seconds=agentrun_settings.LEASE_SECONDS)
+    default) the three statements go in one round trip.
+
+    A released lease is taken first (the usual case, no recovery counted); only if there
+    is none is the lease taken over from a holder that never released it: expired by the
+    database's clock, or `steal_from` (a holder known to be dead). A take-over counts a
+    recovery (`Claimed.took_over`)."""
+    if not steal_from:
+        claimed = _claim(run_id, owner, takeover=False, steal_from=None, history=history)
+        if claimed is not None:
+            return claimed
+    return _claim(run_id, owner, takeover=True, steal_from=steal_from, history=history)
+
+
+def _claim(
+    run_id: Any, owner: str, *, takeover: bool, steal_from: str | None, history: bool
+) -> Claimed | None:
+    started = time.monotonic()  # before the statement: the lease is valid no longer than this
     qn = connection.ops.quote_name
     claimable = [RunState.QUEUED, RunState.RUNNING, RunState.AWAITING_TOOL]
-    free = f"({qn('lease_owner')} = '' OR {qn('lease_expires_at')} < %s"
+    expires_sql, expires_params = _clock(agentrun_settings.LEASE_SECONDS)
     params: list[Any] = [
         owner,
-        _db(Run, "lease_expires_at", expires),
-        _db(Run, "updated_at", now),
+        *expires_params,
+        _db(Run, "updated_at", timezone.now()),
         _db(Run, "id", run_id),
         *claimable,
-        _db(Run, "lease_expires_at", now),
     ]
-    if steal_from:
-        free += f" OR {qn('lease_owner')} = %s"
-        params.append(steal_from)
-    free += ")"
+    if takeover:
+        now_sql, now_params = _clock()
+        free = f"{qn('lease_owner')} <> '' AND ({qn('lease_expires_at')} < {now_sql}"
+        params += now_params
+        if steal_from:
+            free += f" OR {qn('lease_owner')} = %s"
+            params.append(steal_from)
+        free += ")"
+    else:
+        free = f"{qn('lease_owner')} = ''"
     claim = (
         f"UPDATE {qn(Run._meta.db_table)} SET {qn('lease_owner')} = %s, "
-        f"{qn('lease_expires_at')} = %s, {qn('updated_at')} = %s, "
-        f"{qn('lease_epoch')} = {qn('lease_epoch')} + 1, "
-        f"{qn('recovery_attempts')} = {qn('recovery_attempts')} + "
-        f"CASE WHEN {qn('lease_owner')} = '' THEN 0 ELSE 1 END "
-        f"WHERE {qn('id')} = %s AND {qn('state')} IN (%s, %s, %s) AND {free} "
+        f"{qn('lease_expires_at')} = {expires_sql}, {qn('updated_at')} = %s, "
+        f"{qn('lease_epoch')} = {qn('lease_epoch')} + 1"
+        + (f", {qn('recovery_attempts')} = {qn('recovery_attempts')} + 1 " if takeover else " ")
+        + f"WHERE {qn('id')} = %s AND {qn('state')} IN (%s, %s, %s) AND {free} "
         f"RETURNING {_columns(Run)}"
     )
     statements = [(claim, params)]
@@ -1112,7 +1185,13 @@ def claim_and_load(
     run = _instances(Run, results[0])[0]
     turns = _instances(Turn, results[1]) if history else []
     calls = _instances(ToolCall, results[2]) if history else []
-    return Claimed(Lease(run_id=run.pk, owner=owner, epoch=run.lease_epoch), run, turns, calls)
+    lease = Lease(
+        run_id=run.pk,
+        owner=owner,
+        epoch=run.lease_epoch,
+        valid_until=started + agentrun_settings.LEASE_SECONDS,
+    )
+    return Claimed(lease, run, turns, calls, took_over=takeover)
 
 
 def _execute_many(statements: list[tuple[str, list[Any]]]) -> list[list[tuple]]:
@@ -1213,41 +1292,57 @@ def _instances(model: type, rows: list[tuple]) -> list[Any]:
 def take_lease(run: Run, owner: str, *, seconds: float | None = None) -> Lease:
     """Take the lease of a run whose row the caller holds locked (the reaper), fencing out
     any previous holder by bumping the epoch."""
-    expires = timezone.now() + timedelta(
-        seconds=agentrun_settings.LEASE_SECONDS if seconds is None else seconds
-    )
-    Run.objects.filter(pk=run.pk).update(
-        lease_owner=owner, lease_expires_at=expires, lease_epoch=run.lease_epoch + 1
-    )
-    run.lease_owner, run.lease_expires_at, run.lease_epoch = owner, expires, run.lease_epoch + 1
-    return Lease(run.pk, owner, run.lease_epoch)
+    started = time.monotonic()
+    seconds = agentrun_settings.LEASE_SECONDS if seconds is None else seconds
+    expires_sql, expires_params = _clock(seconds)
+    qn = connection.ops.quote_name
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {qn(Run._meta.db_table)} SET {qn('lease_owner')} = %s, "
+            f"{qn('lease_expires_at')} = {expires_sql}, {qn('lease_epoch')} = %s "
+            f"WHERE {qn('id')} = %s RETURNING {qn('lease_expires_at')}",
+            [owner, *expires_params, run.lease_epoch + 1, _db(Run, "id", run.pk)],
+        )
+        expires = cursor.fetchone()[0]
+    run.lease_owner, run.lease_epoch = owner, run.lease_epoch + 1
+    run.lease_expires_at = expires if isinstance(expires, datetime) else timezone.now()
+    return Lease(run.pk, owner, run.lease_epoch, valid_until=started + seconds)
 
 
-def release_lease(lease: Lease) -> None:
-    """Give the lease back (best effort; an expired lease is harmless)."""
-    Run.objects.filter(pk=lease.run_id, lease_epoch=lease.epoch, lease_owner=lease.owner).update(
-        **_release_fields()
+def release_lease(lease: Lease) -> bool:
+    """Give the lease back (best effort; an expired lease is harmless). Whether it was held."""
+    return 1 == _update_run(
+        lease.run_id,
+        _release_fields(),
+        "lease_epoch = %s AND lease_owner = %s",
+        [lease.epoch, lease.owner],
     )
+
+
+def _update_run(run_id: Any, fields: dict[str, Any], where: str, params: list[Any]) -> int:
+    qn = connection.ops.quote_name
+    sets, values = _assignments(Run, fields)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {qn(Run._meta.db_table)} SET {', '.join(sets)} "
+            f"WHERE {qn('id')} = %s AND {where}",
+            [*values, _db(Run, "id", run_id), *params],
+        )
+        return cursor.rowcount
 
 
 def renew_lease(lease: Lease) -> tuple[bool, bool]:
-    """Extend the lease; returns (still held, cancel requested)."""
-    expires = timezone.now() + timedelta(seconds=agentrun_settings.LEASE_SECONDS)
+    """Extend the lease (by the database's clock); returns (still held, cancel requested)."""
+    expires_sql, expires_params = _clock(agentrun_settings.LEASE_SECONDS)
     qn = connection.ops.quote_name
     sql = (
-        f"UPDATE {qn(Run._meta.db_table)} SET {qn('lease_expires_at')} = %s "
+        f"UPDATE {qn(Run._meta.db_table)} SET {qn('lease_expires_at')} = {expires_sql} "
         f"WHERE {qn('id')} = %s AND {qn('lease_epoch')} = %s AND {qn('lease_owner')} = %s "
         f"RETURNING {qn('cancel_requested_at')}"
     )
     with connection.cursor() as cursor:
         cursor.execute(
-            sql,
-            [
-                _db(Run, "lease_expires_at", expires),
-                _db(Run, "id", lease.run_id),
-                lease.epoch,
-                lease.owner,
-            ],
+            sql, [*expires_params, _db(Run, "id", lease.run_id), lease.epoch, lease.owner]
         )
         row = cursor.fetchone()
     if row is None:
@@ -1334,7 +1429,13 @@ def run_failed(
 
 
 def close_run(
-    run: Run, lease: Lease | None, target: str, reason: str, events: list[Event] | None = None
+    run: Run,
+    lease: Lease | None,
+    target: str,
+    reason: str,
+    events: list[Event] | None = None,
+    *,
+    not_started: frozenset[Any] = frozenset(),
 ) -> None:
     """Cancel or time out a run from the engine or the reaper (inside a transaction)."""
-    _close_run(run, target, reason, list(events or []), lease=lease)
+    _close_run(run, target, reason, list(events or []), lease=lease, not_started=not_started)

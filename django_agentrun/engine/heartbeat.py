@@ -1,18 +1,42 @@
-"""The lease heartbeat: renews the lease and notices cancel requests within a second."""
+"""The lease heartbeat: renews the lease, notices cancel requests within a second, and
+makes sure an expired lease always means its executor is gone.
+
+Fencing stops a zombie's writes, not its side effects: a worker that cannot renew its
+lease (a broken database connection, a network partition) must stop executing before
+the lease can expire, or the reaper recovers a call that is still running and its
+reconcile check may run before the first attempt has had its effect. So, counting from
+the last renewal the database confirmed (the time taken *before* it was sent):
+
+- every poll: a cheap read for cancel requests; every third of the lease: a renewal;
+- after an error: the connection is dropped, so the next attempt reconnects;
+- at `lease - min(grace + margin, lease / 2)` without a renewal: abort (handlers see
+  `ctx.cancelled`, the model stream is cut), and nothing more is recorded as done;
+- at `lease - margin` the step is still running: the process ends itself (`os._exit`),
+  as a crash would; the message is redelivered or the reaper recovers the run.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import threading
 import time
 
 from django.db import connection
 
 from .. import services
-from ..abort import AbortSignal
+from ..abort import CANCEL_REQUESTED, LEASE_LOST, LEASE_UNRENEWED, AbortSignal
 from ..conf import agentrun_settings
 
 logger = logging.getLogger(__name__)
+
+EXIT_CODE = 75  # EX_TEMPFAIL
+
+
+def margin_seconds(lease_seconds: float) -> float:
+    """How long before the lease runs out the process must be gone."""
+    return min(1.0, lease_seconds / 10)
 
 
 class Heartbeat:
@@ -21,6 +45,7 @@ class Heartbeat:
     def __init__(self, lease: services.Lease, abort: AbortSignal) -> None:
         self.lease = lease
         self.abort = abort
+        self.valid_until = lease.valid_until
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=self._loop, name=f"agentrun-heartbeat-{lease.run_id}", daemon=True
@@ -34,25 +59,66 @@ class Heartbeat:
         self._thread.join(timeout=5)
 
     def _loop(self) -> None:
+        lease_seconds = agentrun_settings.LEASE_SECONDS
         poll = agentrun_settings.HEARTBEAT_SECONDS
-        renew_every = max(agentrun_settings.LEASE_SECONDS / 3, poll)
+        renew_every = max(lease_seconds / 3, poll)
+        margin = margin_seconds(lease_seconds)
+        stop_before = min(agentrun_settings.CANCEL_GRACE_SECONDS + margin, lease_seconds / 2)
         last_renew = time.monotonic()
         try:
-            while not self._stop.wait(poll):
+            while True:
+                now = time.monotonic()
+                if self.valid_until == float("inf"):  # no known start: renew on schedule only
+                    wake = now + poll
+                else:
+                    wake = min(now + poll, self._abort_at(stop_before), self._exit_at(margin))
+                if self._stop.wait(max(0.0, wake - now)):
+                    return
+                now = time.monotonic()
+                if now >= self._exit_at(margin):
+                    self._exit()
+                if now >= self._abort_at(stop_before) and not self.abort.aborted:
+                    logger.error(
+                        "Lease of run_id=%s could not be renewed; stopping its execution",
+                        self.lease.run_id,
+                    )
+                    self.abort.abort(LEASE_UNRENEWED)
                 try:
-                    if time.monotonic() - last_renew >= renew_every:
+                    if now - last_renew >= renew_every:
+                        sent = time.monotonic()
                         held, cancel = services.renew_lease(self.lease)
-                        last_renew = time.monotonic()
+                        last_renew = sent
+                        if held:
+                            self.valid_until = sent + lease_seconds
                     else:
                         held, cancel = services.poll_cancel(self.lease)
                 except Exception:  # noqa: BLE001 - a DB hiccup must not kill the heartbeat
                     logger.warning("Heartbeat failed run_id=%s", self.lease.run_id, exc_info=True)
+                    connection.close()  # a broken connection stays broken: reconnect next time
                     continue
                 if not held:
-                    self.abort.abort("lease lost")
+                    self.abort.abort(LEASE_LOST)
                     return
                 if cancel and not self.abort.aborted:
                     logger.info("Cancel request seen run_id=%s", self.lease.run_id)
-                    self.abort.abort("cancel requested")
+                    self.abort.abort(CANCEL_REQUESTED)
         finally:
             connection.close()
+
+    def _abort_at(self, stop_before: float) -> float:
+        return self.valid_until - stop_before
+
+    def _exit_at(self, margin: float) -> float:
+        return self.valid_until - margin
+
+    def _exit(self) -> None:
+        if self._stop.is_set():
+            return  # the step finished meanwhile: nothing runs under the lease any more
+        message = (
+            f"agentrun: the lease of run {self.lease.run_id} runs out and its step has not "
+            "stopped; ending the process so that no one else's recovery runs beside it\n"
+        )
+        logger.critical(message.strip())
+        sys.stderr.write(message)
+        sys.stderr.flush()
+        os._exit(EXIT_CODE)

@@ -8,7 +8,6 @@ then in_flight and result per call (2k); closing the turn rides on the last one.
 from __future__ import annotations
 
 import logging
-import os
 import random
 from contextlib import contextmanager
 from datetime import timedelta
@@ -18,7 +17,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from .. import services, signals
-from ..abort import AbortSignal
+from ..abort import CANCEL_REQUESTED, AbortSignal
 from ..agents import Agent, get_agent
 from ..clients import (
     ModelClient,
@@ -32,11 +31,13 @@ from ..conf import agentrun_settings
 from ..exceptions import InvalidInput, LeaseLost, ToolCancelled, ToolError, UnknownAgent
 from ..failpoints import failpoint
 from ..fields import check_json, storable_text
+from ..identity import holder_is_dead, worker_identity
 from ..models import Run, ToolCall, Turn, idempotency_key_for
 from ..services import Event, Lease, _close_call, _save, _set_state, fenced
 from ..states import ResultSource, RunState, SideEffect, ToolCallState, TurnState
 from ..tools import Tool, ToolArgumentsError, ToolContext, arguments_hash, result_content
 from . import guards
+from .heartbeat import Heartbeat
 from .history import TurnRecord, build_messages, sanitize_content, text_of
 
 logger = logging.getLogger(__name__)
@@ -67,16 +68,17 @@ def advance(
     heartbeat: bool = False,
 ) -> str:
     """Advance the run by at most one turn. Safe to call twice at once: one claims it."""
-    step = _Step(run_id, owner or services.worker_identity(), abort or AbortSignal(), client)
+    step = _Step(run_id, owner or worker_identity(), abort or AbortSignal(), client)
     return _drive(step, heartbeat=heartbeat)
 
 
 def recover_in_flight(run_id: Any, *, steal_from: str | None = None) -> str:
     """The reaper's half of recovery: claim an expired lease, apply the side-effect
     policy to in_flight calls (re-run allowed, reconcile, or unknown), wake a worker."""
-    owner = f"reaper:{services.worker_identity()}"
+    owner = f"reaper:{worker_identity()}"
     step = _Step(run_id, owner, AbortSignal(), None, recover_only=True, steal_from=steal_from)
-    return _drive(step)
+    # With a heartbeat: a reconcile check sees a cancel, and stops before the lease expires.
+    return _drive(step, heartbeat=True)
 
 
 def _drive(step: _Step, *, heartbeat: bool = False) -> str:
@@ -86,8 +88,6 @@ def _drive(step: _Step, *, heartbeat: bool = False) -> str:
         return Outcome.NOT_CLAIMED
     beat = None
     if heartbeat:
-        from .heartbeat import Heartbeat
-
         beat = Heartbeat(lease, step.abort)
         beat.start()
     try:
@@ -104,25 +104,10 @@ def _drive(step: _Step, *, heartbeat: bool = False) -> str:
     finally:
         if beat is not None:
             beat.stop()
-        if not step.released:
-            services.release_lease(lease)
-
-
-def _dead_local_holder(owner: str) -> bool:
-    """A lease held by a process on this host that no longer exists (a killed pool child)."""
-    import socket
-
-    host, _, rest = owner.partition(":")
-    pid = rest.partition(":")[0]
-    if host != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
+        if not step.released and services.release_lease(lease):
+            # Still ours (the step stopped without finishing, e.g. its heartbeat could not
+            # renew for a while): the run must not wait for the stale sweep.
+            services.enqueue_advance(step.run_id)
 
 
 class _Step:
@@ -153,6 +138,9 @@ class _Step:
         self.turn: Turn | None = None
         self._cancel_seen = False
         self._started: ToolCall | None = None  # in_flight, its handler not yet run
+        self._not_started: set[Any] = set()  # pks of in_flight calls whose handler never ran
+        self._interrupting = False
+        self.took_over = False
 
     @contextmanager
     def _tx(self, *, lazy: bool = True):
@@ -169,9 +157,17 @@ class _Step:
                 stop = exc
             services._flush(self._rows)  # deferred but never sent with a run write
         if self._cancel_seen or (unit is not None and unit.cancel_requested):
-            self.abort.abort("cancel requested")
+            self.abort.abort(CANCEL_REQUESTED)
         if stop is not None:
+            if stop.outcome == Outcome.PARKED and self.abort.reason == CANCEL_REQUESTED:
+                # The cancel arrived as the run parked: nobody holds it now, so it applies
+                # at once instead of waiting for a person.
+                services.cancel_run(self.run_id)
+                raise _Stop(Outcome.FINISHED) from None
             raise stop
+        if self.abort.aborted and not self._interrupting:
+            # Seen by this commit or meanwhile: nothing more starts (no handler, no turn).
+            self._interrupted()
 
     # ----------------------------------------------------------------- claim
 
@@ -182,7 +178,7 @@ class _Step:
                 holder = (
                     Run.objects.filter(pk=self.run_id).values_list("lease_owner", flat=True).first()
                 )
-                if holder and _dead_local_holder(holder):
+                if holder and holder_is_dead(holder):
                     claimed = services.claim_and_load(self.run_id, self.owner, steal_from=holder)
                     if claimed is not None:
                         logger.info(
@@ -191,7 +187,7 @@ class _Step:
             if claimed is None:
                 return None
             lease, self.run_obj = claimed.lease, claimed.run
-            self.lease = lease
+            self.lease, self.took_over = lease, claimed.took_over
             self._load(claimed)
             try:
                 self._decide_at_claim()
@@ -221,7 +217,9 @@ class _Step:
     def _decide_at_claim(self) -> None:
         run = self.run_obj
         events: list[Event] = []
-        if run.recovery_attempts > 0:
+        if self.took_over:
+            # This claim took the lease from a holder that never released it: one event
+            # per recovery (recovery_attempts counts them since the last completed turn).
             events.append(
                 ("recovery", {"attempts": run.recovery_attempts, "epoch": self.lease.epoch})
             )
@@ -743,6 +741,7 @@ class _Step:
     def _start(self, call: ToolCall) -> list[Event]:
         """The call goes in_flight (deferred to the unit's run write); returns its event."""
         old = _set_state(call, ToolCallState.IN_FLIGHT)
+        self._not_started.add(call.pk)
         now = timezone.now()
         _save(
             call, old, defer=self._rows, attempt=call.attempt + 1, started_at=now, heartbeat_at=now
@@ -785,11 +784,18 @@ class _Step:
     def _run_handler(self, turn: Turn, call: ToolCall, tool: Tool) -> None:
         """Run an in_flight call's handler and record its result."""
         failpoint("tool.before_handler", call.name)
+        if self.abort.aborted:  # no handler starts once a cancel (or a lost lease) is known
+            self._interrupted()
+        self._not_started.discard(call.pk)
         state, result, is_error = _storable(call, *self._invoke(tool, call))
         failpoint("tool.after_handler", call.name)
+        if state == ToolCallState.CANCELLED and self.abort.reason != CANCEL_REQUESTED:
+            # Stopped because this worker could not keep its lease, not by a cancel: its
+            # outcome is unknown. Record nothing; recovery applies the side-effect policy.
+            raise LeaseLost(f"Run {self.run_id}: handler stopped ({self.abort.reason})")
         self._finish(turn, call, state, result, is_error, ResultSource.EXECUTED)
         failpoint("tool.after_commit", call.name)
-        if state == ToolCallState.CANCELLED or self.abort.aborted:
+        if state == ToolCallState.CANCELLED:
             self._interrupted()
 
     def _execute_atomic(self, turn: Turn, call: ToolCall, tool: Tool) -> None:
@@ -877,12 +883,10 @@ class _Step:
                 ResultSource.RECONCILED,
                 extra={"policy": "reconciled"},
             )
-        elif found.status == "not_done" and call.attempt < 2:
-            self._requeue_call(call, "reconciled_not_done")
         elif found.status == "not_done":
-            self._park_unknown(
-                call, "The reconcile check says not done, but a retry was already made."
-            )
+            # Evidence that it never happened: a new attempt, which (should it be
+            # interrupted too) is checked again; the run's recovery cap bounds the loop.
+            self._requeue_call(call, "reconciled_not_done")
         else:
             self._park_unknown(call, found.reason or "The reconcile check could not tell.")
 
@@ -1097,12 +1101,20 @@ class _Step:
         return None
 
     def _close(self, target: str, reason: str, events: list[Event]) -> None:
-        services.close_run(self.run_obj, self.lease, target, reason, events)
+        services.close_run(
+            self.run_obj,
+            self.lease,
+            target,
+            reason,
+            events,
+            not_started=frozenset(self._not_started),
+        )
         self.released = True
         raise _Stop(Outcome.FINISHED)
 
     def _interrupted(self) -> None:
         """The abort signal fired: a cancel request (close cleanly) or a lost lease (leave)."""
+        self._interrupting = True
         with self._tx(lazy=False):
             run = Run.objects.select_for_update().get(pk=self.run_id)
             if run.lease_epoch != self.lease.epoch or run.lease_owner != self.lease.owner:
