@@ -33,8 +33,9 @@ DEFAULTS: dict[str, Any] = {
     "HEARTBEAT_SECONDS": 0.5,
     # Suggested period of the beat-scheduled reaper.
     "REAPER_INTERVAL_SECONDS": 10.0,
-    # A queued run nobody claimed for this long is re-enqueued by the reaper.
-    "QUEUED_STALE_SECONDS": 60.0,
+    # A queued or released run nobody claimed for this long (at most the lease), while no
+    # message waits in its queue, lost its wake-up: the reaper sends another.
+    "QUEUED_STALE_SECONDS": 10.0,
     # Rows the reaper handles per batch.
     "REAPER_BATCH_SIZE": 100,
     # After this many crash recoveries the run fails with recovery_exhausted.

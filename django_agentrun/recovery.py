@@ -18,7 +18,7 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from . import services
+from . import services, wakeups
 from .conf import agentrun_settings
 from .identity import worker_identity
 from .models import Run, ToolCall
@@ -60,6 +60,9 @@ KINDS = {
     "not_picked_up": "nobody picked it up (message lost): re-enqueue",
 }
 
+# Leases a run may wait for a worker behind a backlog before its wake-up is sent again.
+BACKLOG_PATIENCE = 10
+
 
 def _locked(qs, batch: int) -> list[Run]:
     if connection.features.has_select_for_update_skip_locked:
@@ -75,11 +78,15 @@ def reap(
     stale_after: float | None = None,
     batch_size: int | None = None,
 ) -> ReapReport:
-    """Find and repair stuck runs. `stale_after` (seconds) overrides AGENTRUN_QUEUED_STALE_SECONDS."""
-    now = now or timezone.now()
+    """Find and repair stuck runs. `stale_after` (seconds) overrides
+    AGENTRUN_QUEUED_STALE_SECONDS. Times are the database's (leases are judged by it)."""
+    now = now or services.database_now()
     batch = batch_size or agentrun_settings.REAPER_BATCH_SIZE
     stale = timedelta(
-        seconds=agentrun_settings.QUEUED_STALE_SECONDS if stale_after is None else stale_after
+        seconds=min(
+            agentrun_settings.QUEUED_STALE_SECONDS if stale_after is None else stale_after,
+            agentrun_settings.LEASE_SECONDS,
+        )
     )
     report = ReapReport(dry_run=dry_run)
     base = Run.objects.all()
@@ -113,10 +120,7 @@ def reap(
     _each(
         report, dry_run, "lease_expired", expired.filter(recovery_attempts__lt=cap), batch, _recover
     )
-    lost = base.queued_stale(now - stale) | base.leased().filter(
-        lease_owner="", lease_expires_at__lt=now - stale
-    )
-    _each(report, dry_run, "not_picked_up", lost, batch, _requeue)
+    _each(report, dry_run, "not_picked_up", _lost_wakeups(base, now, stale), batch, _requeue)
     for finding in report.findings:
         log = logger.error if finding.error else logger.info
         log(
@@ -127,6 +131,30 @@ def reap(
             finding.error or finding.detail,
         )
     return report
+
+
+def _unclaimed_since(base, before: datetime):
+    """Runs waiting for a worker since before `before`: queued, or released (a wake-up
+    was sent when the lease was given back)."""
+    return base.queued_stale(before) | base.leased().filter(
+        lease_owner="", lease_expires_at__lt=before
+    )
+
+
+def _lost_wakeups(base, now: datetime, stale: timedelta):
+    """Runs whose wake-up was lost (a crash between commit and publish, a broker that lost
+    its messages). Unclaimed for `stale` while the queue is empty: lost. While messages
+    wait in the queue, they may well be these runs' own: a run is re-woken only after
+    waiting BACKLOG_PATIENCE leases, so a backlog gets no pile of duplicates."""
+    waiting = _unclaimed_since(base, now - stale)
+    if not waiting.exists():
+        return waiting
+    backlog = wakeups.queued_messages()
+    if not backlog:  # empty, or the broker cannot tell: re-send
+        return waiting
+    patience = timedelta(seconds=BACKLOG_PATIENCE * agentrun_settings.LEASE_SECONDS)
+    logger.debug("Reaper: %s messages wait in the queue; holding back re-sends", backlog)
+    return _unclaimed_since(base, now - max(stale, patience))
 
 
 def _each(report: ReapReport, dry_run: bool, kind: str, qs, batch: int, act) -> None:
@@ -199,9 +227,5 @@ def _recover(run: Run, now: datetime) -> str:
 
 
 def _requeue(run: Run, now: datetime) -> str:
-    fields: dict[str, Any] = (
-        {"queued_at": now} if run.state == RunState.QUEUED else {"lease_expires_at": now}
-    )
-    services._write_run(run, [("reaper_requeued", {"state": run.state})], fields=fields)
-    services._enqueue(run.pk)
+    services.wake_again(run)
     return "re-enqueued"

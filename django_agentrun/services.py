@@ -26,7 +26,7 @@ from django.db import IntegrityError, connection, models, transaction
 from django.utils import timezone
 from django_fsm import TransitionNotAllowed
 
-from . import signals
+from . import signals, wakeups
 from .agents import Agent, get_agent
 from .conf import agentrun_settings
 from .exceptions import (
@@ -563,23 +563,17 @@ def _set_state(obj: Any, target: str) -> str:
 
 def _enqueue(run_id: Any, countdown: float | None = None) -> None:
     """Wake a worker for this run once the transaction commits."""
+    _after_commit(lambda: wakeups.send(run_id, countdown))
 
-    def send() -> None:
-        from .failpoints import failpoint
-        from .tasks import advance_run
 
-        failpoint("turn.before_enqueue")
-        options: dict[str, Any] = {}
-        if agentrun_settings.QUEUE:
-            options["queue"] = agentrun_settings.QUEUE
-        if countdown:
-            options["countdown"] = countdown
-        try:
-            advance_run.apply_async(args=[str(run_id)], **options)
-        except Exception:  # broker down: the reaper re-enqueues runs nobody advances
-            logger.exception("Could not enqueue advance_run run_id=%s", run_id)
-
-    _after_commit(send)
+def wake_again(run: Run) -> None:
+    """Send a run that nobody picked up a new wake-up (the reaper), marking when."""
+    now = DatabaseNow()
+    fields: dict[str, Any] = (
+        {"queued_at": now} if run.state == RunState.QUEUED else {"lease_expires_at": now}
+    )
+    _write_run(run, [("reaper_requeued", {"state": run.state})], fields=fields)
+    _enqueue(run.pk)
 
 
 def enqueue_advance(run_id: Any) -> None:

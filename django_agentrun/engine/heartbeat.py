@@ -40,56 +40,48 @@ def margin_seconds(lease_seconds: float) -> float:
 
 
 class Heartbeat:
-    """A daemon thread (with its own DB connection) beside the engine while it holds a lease."""
+    """Two daemon threads beside the engine while it holds a lease: the beat (its own DB
+    connection) renews the lease and polls for cancel requests; the watchdog (no I/O)
+    enforces the deadlines above even while a renewal hangs on a dead connection."""
 
     def __init__(self, lease: services.Lease, abort: AbortSignal) -> None:
         self.lease = lease
         self.abort = abort
         self.valid_until = lease.valid_until
         self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._loop, name=f"agentrun-heartbeat-{lease.run_id}", daemon=True
+        self._renewed = threading.Event()  # wakes the watchdog to recompute its deadlines
+        self._beat = threading.Thread(
+            target=self._beat_loop, name=f"agentrun-heartbeat-{lease.run_id}", daemon=True
+        )
+        self._watchdog = threading.Thread(
+            target=self._watch, name=f"agentrun-watchdog-{lease.run_id}", daemon=True
         )
 
     def start(self) -> None:
-        self._thread.start()
+        self._beat.start()
+        self._watchdog.start()
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=5)
+        self._renewed.set()
+        self._watchdog.join(timeout=5)
+        self._beat.join(timeout=5)
 
-    def _loop(self) -> None:
+    def _beat_loop(self) -> None:
         lease_seconds = agentrun_settings.LEASE_SECONDS
         poll = agentrun_settings.HEARTBEAT_SECONDS
         renew_every = max(lease_seconds / 3, poll)
-        margin = margin_seconds(lease_seconds)
-        stop_before = min(agentrun_settings.CANCEL_GRACE_SECONDS + margin, lease_seconds / 2)
         last_renew = time.monotonic()
         try:
-            while True:
-                now = time.monotonic()
-                if self.valid_until == float("inf"):  # no known start: renew on schedule only
-                    wake = now + poll
-                else:
-                    wake = min(now + poll, self._abort_at(stop_before), self._exit_at(margin))
-                if self._stop.wait(max(0.0, wake - now)):
-                    return
-                now = time.monotonic()
-                if now >= self._exit_at(margin):
-                    self._exit()
-                if now >= self._abort_at(stop_before) and not self.abort.aborted:
-                    logger.error(
-                        "Lease of run_id=%s could not be renewed; stopping its execution",
-                        self.lease.run_id,
-                    )
-                    self.abort.abort(LEASE_UNRENEWED)
+            while not self._stop.wait(poll):
                 try:
-                    if now - last_renew >= renew_every:
+                    if time.monotonic() - last_renew >= renew_every:
                         sent = time.monotonic()
                         held, cancel = services.renew_lease(self.lease)
                         last_renew = sent
                         if held:
                             self.valid_until = sent + lease_seconds
+                            self._renewed.set()
                     else:
                         held, cancel = services.poll_cancel(self.lease)
                 except Exception:  # noqa: BLE001 - a DB hiccup must not kill the heartbeat
@@ -105,11 +97,28 @@ class Heartbeat:
         finally:
             connection.close()
 
-    def _abort_at(self, stop_before: float) -> float:
-        return self.valid_until - stop_before
-
-    def _exit_at(self, margin: float) -> float:
-        return self.valid_until - margin
+    def _watch(self) -> None:
+        lease_seconds = agentrun_settings.LEASE_SECONDS
+        margin = margin_seconds(lease_seconds)
+        stop_before = min(agentrun_settings.CANCEL_GRACE_SECONDS + margin, lease_seconds / 2)
+        while not self._stop.is_set():
+            self._renewed.clear()
+            valid_until = self.valid_until
+            if valid_until == float("inf"):
+                return
+            abort_at, exit_at = valid_until - stop_before, valid_until - margin
+            now = time.monotonic()
+            if now >= exit_at:
+                self._exit()
+                return
+            if now >= abort_at and not self.abort.aborted:
+                logger.error(
+                    "Lease of run_id=%s could not be renewed; stopping its execution",
+                    self.lease.run_id,
+                )
+                self.abort.abort(LEASE_UNRENEWED)
+            wake = exit_at if now >= abort_at else abort_at
+            self._renewed.wait(max(0.0, wake - now))
 
     def _exit(self) -> None:
         if self._stop.is_set():
