@@ -98,8 +98,16 @@ class Workers:
         return env
 
     def start(
-        self, *, pool: str = "solo", concurrency: int = 1, failpoints: str = "", **extra: str
+        self,
+        *,
+        pool: str = "solo",
+        concurrency: int = 1,
+        failpoints: str = "",
+        prefix: tuple[str, ...] = (),
+        **extra: str,
     ) -> subprocess.Popen:
+        """A worker; `prefix` goes before its command line (e.g. to start it in another
+        PID namespace)."""
         self.count += 1
         name = f"w{self.count}-{self.queue}@%h"
         env = self.env(**extra)
@@ -107,7 +115,10 @@ class Workers:
             env["AGENTRUN_FAILPOINTS"] = failpoints
         with open(self.tmp / f"worker{self.count}.log", "wb") as out:
             proc = subprocess.Popen(
-                celery_worker_argv(self.queue, name, pool=pool, concurrency=concurrency),
+                [
+                    *prefix,
+                    *celery_worker_argv(self.queue, name, pool=pool, concurrency=concurrency),
+                ],
                 cwd=ROOT,
                 env=env,
                 stdout=out,
