@@ -158,16 +158,22 @@ class _Step:
             services._flush(self._rows)  # deferred but never sent with a run write
         if self._cancel_seen or (unit is not None and unit.cancel_requested):
             self.abort.abort(CANCEL_REQUESTED)
-        if stop is not None:
-            if stop.outcome == Outcome.PARKED and self.abort.reason == CANCEL_REQUESTED:
+        if self.abort.aborted and not self._interrupting:
+            if not self.released:
+                # Seen by this commit or meanwhile: nothing more starts (no handler, no
+                # turn); the step closes the run now.
+                self._interrupted()
+            elif (
+                self.abort.reason == CANCEL_REQUESTED
+                and self.run_obj.state == RunState.AWAITING_APPROVAL
+            ):
                 # The cancel arrived as the run parked: nobody holds it now, so it applies
-                # at once instead of waiting for a person.
+                # at once instead of waiting for a person. (A run released to go on is
+                # cancelled by the worker that claims it next.)
                 services.cancel_run(self.run_id)
                 raise _Stop(Outcome.FINISHED) from None
+        if stop is not None:
             raise stop
-        if self.abort.aborted and not self._interrupting:
-            # Seen by this commit or meanwhile: nothing more starts (no handler, no turn).
-            self._interrupted()
 
     # ----------------------------------------------------------------- claim
 
