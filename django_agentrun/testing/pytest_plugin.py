@@ -24,16 +24,19 @@ def agentrun_messages_api(settings: Any, monkeypatch: pytest.MonkeyPatch) -> Ite
     talks to it (AGENTRUN_MODEL_CLIENT is the Anthropic client, ANTHROPIC_BASE_URL the
     stand-in, ANTHROPIC_API_KEY a dummy): no network, no key.
     """
-    from django_agentrun.clients import reset_model_client_cache
+    from django_agentrun.clients import get_model_client, reset_model_client_cache
     from django_agentrun.testing.messages_api import MessagesAPIServer
 
     with MessagesAPIServer() as server:
         monkeypatch.setenv("ANTHROPIC_BASE_URL", server.base_url)
         monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
         settings.AGENTRUN_MODEL_CLIENT = ANTHROPIC_CLIENT
-        # The client caches its SDK instance, which read the environment when it was made.
+        # Clients are cached per path, and the SDK reads the environment when it is made:
+        # start from a fresh one, and close it (its connection pool) afterwards.
         reset_model_client_cache()
+        client = get_model_client()
         try:
             yield server
         finally:
+            client.close()
             reset_model_client_cache()
