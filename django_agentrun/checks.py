@@ -59,19 +59,56 @@ def _project_package() -> str:
     return module.rpartition(".")[0] or module
 
 
-def _unread_settings(app: Any) -> list[str]:
-    """Django CELERY_* settings the app's configuration does not reflect: the app was not
-    configured with config_from_object("django.conf:settings", namespace="CELERY")."""
-    unread = []
+def _unread_settings(app: Any) -> tuple[list[str], list[str]]:
+    """The Django CELERY_* settings (of those the README asks for) that are set, and those
+    of them the app's configuration does not reflect."""
+    present, unread = [], []
     for key in CELERY_SETTINGS:
         name = f"CELERY_{key.upper()}"
         if not hasattr(settings, name):
             continue
         if key == "broker_url" and os.environ.get("CELERY_BROKER_URL"):
             continue  # Celery lets the environment variable win over any configuration
+        present.append(name)
         if app.conf.get(key) != getattr(settings, name):
             unread.append(name)
-    return unread
+    return present, unread
+
+
+def _no_celery_app() -> checks.CheckMessage:
+    package = _project_package()
+    return checks.Error(
+        "No Celery app is loaded: start_run would send its tasks to Celery's default "
+        "broker (amqp://guest@localhost//) and runs would stay queued.",
+        hint=f"Create {package}/celery.py with app = Celery({package!r}), "
+        "app.config_from_object('django.conf:settings', namespace='CELERY') and "
+        f"app.autodiscover_tasks(), and import it in {package}/__init__.py: "
+        "from .celery import app as celery_app.",
+        id="agentrun.E010",
+    )
+
+
+def _unread_findings(app: Any, present: list[str], unread: list[str]) -> list:
+    if not unread:
+        return []
+    if unread == present:
+        return [
+            checks.Error(
+                f"The Celery app {app.main!r} does not read Django settings: it ignores "
+                f"{', '.join(unread)}.",
+                hint="Configure it from Django settings in celery.py: "
+                "app.config_from_object('django.conf:settings', namespace='CELERY').",
+                id="agentrun.E011",
+            )
+        ]
+    return [
+        checks.Warning(
+            f"The Celery app {app.main!r} overrides these Django settings with other values: "
+            f"{', '.join(unread)}.",
+            hint="Set each in one place: the values in effect are the Celery app's.",
+            id="agentrun.W013",
+        )
+    ]
 
 
 @checks.register()
@@ -80,32 +117,15 @@ def check_celery(app_configs: Any = None, **kwargs: Any) -> list:
     if app is None:
         return []
     if _is_fallback_app(app):
-        package = _project_package()
-        # Everything else would describe Celery's made-up app, not the project's.
-        return [
-            checks.Error(
-                "No Celery app is loaded: start_run would send its tasks to Celery's default "
-                "broker (amqp://guest@localhost//) and runs would stay queued.",
-                hint=f"Create {package}/celery.py with app = Celery({package!r}), "
-                "app.config_from_object('django.conf:settings', namespace='CELERY') and "
-                f"app.autodiscover_tasks(), and import it in {package}/__init__.py: "
-                "from .celery import app as celery_app.",
-                id="agentrun.E010",
-            )
-        ]
-    conf = app.conf
-    unread = _unread_settings(app)
+        # Nothing else: it would describe Celery's made-up app, not the project's.
+        return [_no_celery_app()]
+    present, unread = _unread_settings(app)
+    # Advice to set a setting that is set but not read would mislead: those are left out.
+    return _unread_findings(app, present, unread) + _setting_findings(app.conf, unread)
+
+
+def _setting_findings(conf: Any, unread: list[str]) -> list:
     found = []
-    if unread:
-        found.append(
-            checks.Error(
-                f"The Celery app {app.main!r} does not use these Django settings: "
-                f"{', '.join(unread)}.",
-                hint="Configure it from Django settings in celery.py: "
-                "app.config_from_object('django.conf:settings', namespace='CELERY').",
-                id="agentrun.E011",
-            )
-        )
     if not conf.broker_url and "CELERY_BROKER_URL" not in unread:
         found.append(
             checks.Warning(

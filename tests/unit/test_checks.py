@@ -70,6 +70,15 @@ def test_checks__app_not_configured_from_django_settings(current, settings):
     assert "namespace='CELERY'" in found[0].hint
 
 
+def test_checks__app_overriding_a_django_setting(current, settings):
+    app = current(configured_app())
+    app.conf.worker_prefetch_multiplier = 4  # celery.py sets it again, differently
+    found = check_celery()
+    # The hint of W001 ("set CELERY_WORKER_PREFETCH_MULTIPLIER = 1") would not help here.
+    assert ids(found) == {"agentrun.W013"}
+    assert "CELERY_WORKER_PREFETCH_MULTIPLIER" in found[0].msg
+
+
 def test_checks__broker_url_missing_and_connection_loss_setting(current, settings):
     del settings.CELERY_BROKER_URL
     settings.CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
