@@ -56,8 +56,7 @@ class Snippet:
 def readme_snippets() -> list[Snippet]:
     found = []
     for m in SNIPPET.finditer((ROOT / "README.md").read_text()):
-        body = textwrap.dedent("\n".join(line for line in m["body"].split("\n")))
-        found.append(Snippet(m["kind"], m["target"], body + "\n"))
+        found.append(Snippet(m["kind"], m["target"], textwrap.dedent(m["body"]) + "\n"))
     return found
 
 
@@ -96,6 +95,21 @@ def run(argv: list[str], cwd: Path, timeout: float = 60, **env: str) -> subproce
 
 def manage(project: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     return run([sys.executable, "manage.py", *args], project, timeout=timeout)
+
+
+def test_fresh_project__the_readme_marks_every_snippet():
+    assert {(s.kind, s.target) for s in readme_snippets()} == {
+        ("file", "mysite/celery.py"),
+        ("append", "mysite/__init__.py"),
+        ("append", "mysite/settings.py"),
+        ("append", "mysite/urls.py"),
+        ("file", "myapp/agents.py"),
+        ("shell", "processes"),
+        ("file", "pytest.ini"),
+        ("file", "myapp/tests.py"),
+        ("file", "script.json"),
+        ("shell", "offline"),
+    }
 
 
 # -- the project ------------------------------------------------------------------------------
@@ -385,9 +399,14 @@ def _listening(log: str) -> str | None:
 # -- check names what is missing ----------------------------------------------------------------
 
 
-def _without(name: str) -> Callable[[Snippet], str]:
+def _without(*names: str) -> Callable[[Snippet], str]:
     def change(s: Snippet) -> str:
-        return drop_statement(s.text, name) if s.target == "mysite/settings.py" else s.text
+        if s.target != "mysite/settings.py":
+            return s.text
+        text = s.text
+        for name in names:
+            text = drop_statement(text, name)
+        return text
 
     return change
 
@@ -417,13 +436,18 @@ MISSING = {
         },
         {"agentrun.E011"},
     ),
-    "broker-url": ({"change": _without("CELERY_BROKER_URL")}, {"agentrun.W010"}),
-    "prefetch": ({"change": _without("CELERY_WORKER_PREFETCH_MULTIPLIER")}, {"agentrun.W001"}),
-    "connection-loss": (
-        {"change": _without("CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS")},
-        {"agentrun.W011"},
+    # One `check` for the four settings (each one alone: tests/unit/test_checks.py).
+    "celery-settings": (
+        {
+            "change": _without(
+                "CELERY_BROKER_URL",
+                "CELERY_WORKER_PREFETCH_MULTIPLIER",
+                "CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS",
+                "CELERY_BEAT_SCHEDULE",
+            )
+        },
+        {"agentrun.W010", "agentrun.W001", "agentrun.W011", "agentrun.W003"},
     ),
-    "reaper-schedule": ({"change": _without("CELERY_BEAT_SCHEDULE")}, {"agentrun.W003"}),
     "api-authentication": (
         {"overrides": 'REST_FRAMEWORK = {"DEFAULT_AUTHENTICATION_CLASSES": []}\n'},
         {"agentrun.E013"},
