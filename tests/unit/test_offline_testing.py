@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from importlib.metadata import entry_points
 
 import anthropic
 import pytest
@@ -192,3 +193,23 @@ def test_fixture__drives_a_run_with_an_approval(agentrun_messages_api, admin_use
     assert run.output["text"] == "Done: ann's account is deleted."
     assert agentrun_messages_api.steps() == {0: 1, 1: 1, 2: 1}
     assert all(r["status"] == 200 for r in agentrun_messages_api.requests)
+
+
+def test_plugin__registered_with_pytest_and_light_to_import():
+    (entry,) = [e for e in entry_points(group="pytest11") if e.name == "django_agentrun"]
+    assert entry.value == "django_agentrun.testing.pytest_plugin"
+    # Loaded in every pytest session of an environment with the package: it must not need
+    # Django settings or import models before a fixture runs.
+    code = (
+        "import sys, django_agentrun.testing.pytest_plugin\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('django.db', 'django.conf', "
+        "'django_agentrun.models'))))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=20,
+        env={k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"},
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "[]"), done.stderr
