@@ -134,12 +134,13 @@ class _Handler(BaseHTTPRequestHandler):
             self.server.api._answered(self._rec)
 
     def do_POST(self) -> None:  # noqa: N802 - stdlib naming
+        # One handler serves every request of a keep-alive connection: forget the last one.
+        self._rec: dict[str, Any] | None = None
         try:
             self._post()
         finally:
-            rec = getattr(self, "_rec", None)
-            if rec is not None:
-                self.server.api._answered(rec)
+            if self._rec is not None:
+                self.server.api._answered(self._rec)
 
     def _post(self) -> None:
         api = self.server.api
