@@ -206,7 +206,8 @@ def project(pristine, database, tmp_path_factory) -> Iterator[Path]:
     yield path
     import redis
 
-    redis.Redis.from_url(f"{REDIS_URL}/11").delete(queue, f"_kombu.binding.{queue}")
+    broker = redis.Redis.from_url(f"{REDIS_URL}/11")
+    broker.delete(queue, *broker.scan_iter(f"_kombu.*{queue}*"))  # kombu's bindings
 
 
 class Processes:
