@@ -1,7 +1,11 @@
 # The README's commands: `make demo` and `make test` (what CI runs).
 VENV ?= .venv
 PYTHON := $(VENV)/bin/python
+# The Postgres tier creates and drops the test database test_<name> of PG_URL's database.
 PG_URL ?= postgres://postgres@127.0.0.1:5432/agentrun
+# The Redis server of the integration tier: db 9 (and 11 for the fresh-project test).
+AGENTRUN_TEST_REDIS ?= redis://127.0.0.1:6379
+export AGENTRUN_TEST_REDIS
 
 .PHONY: test lint checks test-sqlite test-postgres test-postgres-ssb test-postgres-psycopg2 demo bench bench-quick install
 

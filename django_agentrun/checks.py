@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
+from django.apps import apps
+from django.conf import settings
 from django.core import checks
 from django.db import connections
 from django.utils.module_loading import import_string
@@ -11,6 +14,14 @@ from django.utils.module_loading import import_string
 from .conf import agentrun_settings
 
 REAP_TASK = "django_agentrun.reap"
+# Celery options the README asks for, read from Django settings with the CELERY_ namespace.
+CELERY_SETTINGS = (
+    "broker_url",
+    "worker_prefetch_multiplier",
+    "worker_cancel_long_running_tasks_on_connection_loss",
+    "beat_schedule",
+    "task_always_eager",
+)
 
 
 @checks.register(checks.Tags.database)
@@ -29,21 +40,103 @@ def check_database(app_configs: Any = None, databases: Any = None, **kwargs: Any
     return found
 
 
-def _celery_conf() -> Any | None:
+def _celery_app() -> Any | None:
     try:
         from celery import current_app
     except ImportError:  # pragma: no cover - celery is a dependency
         return None
-    return current_app.conf
+    return current_app
+
+
+def _is_fallback_app(app: Any) -> bool:
+    """True for the app Celery makes up when the project created none (or never imported
+    it): `Celery("default", set_as_current=False)`, which knows no Django settings."""
+    return app.main == "default" and not app.set_as_current
+
+
+def _project_package() -> str:
+    module = getattr(settings, "SETTINGS_MODULE", None) or "mysite.settings"
+    return module.rpartition(".")[0] or module
+
+
+def _unread_settings(app: Any) -> tuple[list[str], list[str]]:
+    """The Django CELERY_* settings (of those the README asks for) that are set, and those
+    of them the app's configuration does not reflect."""
+    present, unread = [], []
+    for key in CELERY_SETTINGS:
+        name = f"CELERY_{key.upper()}"
+        if not hasattr(settings, name):
+            continue
+        if key == "broker_url" and os.environ.get("CELERY_BROKER_URL"):
+            continue  # Celery lets the environment variable win over any configuration
+        present.append(name)
+        if app.conf.get(key) != getattr(settings, name):
+            unread.append(name)
+    return present, unread
+
+
+def _no_celery_app() -> checks.CheckMessage:
+    package = _project_package()
+    return checks.Error(
+        "No Celery app is loaded: start_run would send its tasks to Celery's default "
+        "broker (amqp://guest@localhost//) and runs would stay queued.",
+        hint=f"Create {package}/celery.py with app = Celery({package!r}), "
+        "app.config_from_object('django.conf:settings', namespace='CELERY') and "
+        f"app.autodiscover_tasks(), and import it in {package}/__init__.py: "
+        "from .celery import app as celery_app.",
+        id="agentrun.E010",
+    )
+
+
+def _unread_findings(app: Any, present: list[str], unread: list[str]) -> list:
+    if not unread:
+        return []
+    if unread == present:
+        return [
+            checks.Error(
+                f"The Celery app {app.main!r} does not read Django settings: it ignores "
+                f"{', '.join(unread)}.",
+                hint="Configure it from Django settings in celery.py: "
+                "app.config_from_object('django.conf:settings', namespace='CELERY').",
+                id="agentrun.E011",
+            )
+        ]
+    return [
+        checks.Warning(
+            f"The Celery app {app.main!r} overrides these Django settings with other values: "
+            f"{', '.join(unread)}.",
+            hint="Set each in one place: the values in effect are the Celery app's.",
+            id="agentrun.W013",
+        )
+    ]
 
 
 @checks.register()
 def check_celery(app_configs: Any = None, **kwargs: Any) -> list:
-    conf = _celery_conf()
-    if conf is None:
+    app = _celery_app()
+    if app is None:
         return []
+    if _is_fallback_app(app):
+        # Nothing else: it would describe Celery's made-up app, not the project's.
+        return [_no_celery_app()]
+    present, unread = _unread_settings(app)
+    # Advice to set a setting that is set but not read would mislead: those are left out.
+    return _unread_findings(app, present, unread) + _setting_findings(app.conf, unread)
+
+
+def _setting_findings(conf: Any, unread: list[str]) -> list:
     found = []
-    if (conf.worker_prefetch_multiplier or 1) > 1:
+    if not conf.broker_url and "CELERY_BROKER_URL" not in unread:
+        found.append(
+            checks.Warning(
+                "No Celery broker URL is set: tasks go to amqp://guest@localhost//.",
+                hint="Set CELERY_BROKER_URL (e.g. 'redis://127.0.0.1:6379/0').",
+                id="agentrun.W010",
+            )
+        )
+    if (conf.worker_prefetch_multiplier or 1) > 1 and (
+        "CELERY_WORKER_PREFETCH_MULTIPLIER" not in unread
+    ):
         found.append(
             checks.Warning(
                 f"Celery worker_prefetch_multiplier is {conf.worker_prefetch_multiplier}.",
@@ -62,7 +155,9 @@ def check_celery(app_configs: Any = None, **kwargs: Any) -> list:
             )
         )
     schedule = conf.beat_schedule or {}
-    if not any(entry.get("task") == REAP_TASK for entry in schedule.values()):
+    if "CELERY_BEAT_SCHEDULE" not in unread and not any(
+        entry.get("task") == REAP_TASK for entry in schedule.values()
+    ):
         found.append(
             checks.Warning(
                 "The django-agentrun reaper is not in the Celery beat schedule.",
@@ -83,6 +178,18 @@ def check_celery(app_configs: Any = None, **kwargs: Any) -> list:
                 hint="Redelivery of running tasks is harmless (the lease fences them) but wasteful; "
                 "keep the visibility timeout well above AGENTRUN_LEASE_SECONDS.",
                 id="agentrun.W004",
+            )
+        )
+    if not conf.worker_cancel_long_running_tasks_on_connection_loss and (
+        "CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS" not in unread
+    ):
+        found.append(
+            checks.Warning(
+                "Celery workers keep running tasks when they lose the broker connection.",
+                hint="Set CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True: "
+                "the broker redelivers those messages anyway, and the run's lease makes the "
+                "redelivery safe.",
+                id="agentrun.W011",
             )
         )
     return found
@@ -109,6 +216,90 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
                 f"AGENTRUN_MODEL_CLIENT {s.MODEL_CLIENT!r} cannot be imported: {exc}",
                 hint="Give the dotted path of a class implementing the ModelClient protocol.",
                 id="agentrun.E003",
+            )
+        )
+    return found
+
+
+@checks.register()
+def check_required_apps(app_configs: Any = None, **kwargs: Any) -> list:
+    missing = [
+        name
+        for name in ("django.contrib.auth", "django.contrib.contenttypes")
+        if not apps.is_installed(name)
+    ]
+    if not missing:
+        return []
+    return [
+        checks.Error(
+            f"django-agentrun needs {' and '.join(missing)} in INSTALLED_APPS.",
+            hint="Runs have owners and deciders (users), and the admin and the API check "
+            "permissions: add " + ", ".join(repr(m) for m in missing) + " to INSTALLED_APPS.",
+            id="agentrun.E012",
+        )
+    ]
+
+
+def _api_view() -> Any | None:
+    """The API's run list view when the project's URLconf mounts the API, else None."""
+    from django.urls import NoReverseMatch, resolve, reverse
+
+    try:
+        return resolve(reverse("agentrun:run-list")).func
+    except NoReverseMatch:
+        return None
+    except Exception:  # noqa: BLE001 - a broken URLconf is reported by Django's own check
+        return None
+
+
+def _authentication_classes(view: Any) -> list[Any]:
+    from rest_framework.settings import api_settings
+    from rest_framework.views import APIView
+
+    cls = getattr(view, "cls", None)
+    classes = getattr(cls, "authentication_classes", None)
+    if cls is None or classes is APIView.authentication_classes:
+        # Not chosen by the view: DRF's setting, read now (the class attribute is a
+        # copy taken when DRF was imported).
+        classes = api_settings.DEFAULT_AUTHENTICATION_CLASSES
+    return list(classes or [])
+
+
+@checks.register(checks.Tags.urls)
+def check_api(app_configs: Any = None, **kwargs: Any) -> list:
+    view = _api_view()
+    if view is None:
+        return []
+    from rest_framework.authentication import SessionAuthentication
+
+    found = []
+    classes = _authentication_classes(view)
+    if not classes:
+        found.append(
+            checks.Error(
+                "The django-agentrun API is mounted but has no authentication class: every "
+                "request is anonymous and refused.",
+                hint="Set REST_FRAMEWORK['DEFAULT_AUTHENTICATION_CLASSES'], e.g. "
+                "['rest_framework.authentication.SessionAuthentication'] for users logged in "
+                "to the site, and a token scheme for other clients.",
+                id="agentrun.E013",
+            )
+        )
+    uses_sessions = any(
+        isinstance(c, type) and issubclass(c, SessionAuthentication) for c in classes
+    )
+    middleware = list(getattr(settings, "MIDDLEWARE", None) or [])
+    if uses_sessions and (
+        "django.contrib.auth.middleware.AuthenticationMiddleware" not in middleware
+        or not apps.is_installed("django.contrib.sessions")
+    ):
+        found.append(
+            checks.Warning(
+                "The django-agentrun API authenticates with sessions, but sessions are not set "
+                "up: logged-in users reach it as anonymous.",
+                hint="Add 'django.contrib.sessions' to INSTALLED_APPS and SessionMiddleware and "
+                "AuthenticationMiddleware to MIDDLEWARE, or use another authentication class.",
+                id="agentrun.W012",
             )
         )
     return found

@@ -1,12 +1,32 @@
-"""Shared fixtures: the scripted model client, projection checks."""
+"""Shared fixtures: the scripted model client, projection checks, the figures report."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import pytest
 
 from django_agentrun.clients import reset_model_client_cache
 from django_agentrun.engine.projection import project
 from django_agentrun.models import Run, RunEvent
+
+_FIGURES = pytest.StashKey[list[str]]()
+
+
+@pytest.fixture
+def figures(request) -> Callable[[str], None]:
+    """Record a measured figure (a query budget, a recovery time) for the report that
+    follows the test run, instead of printing it between pytest's dots."""
+    lines = request.config.stash.setdefault(_FIGURES, [])
+    return lines.append
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    lines = config.stash.get(_FIGURES, [])
+    if lines:
+        terminalreporter.write_sep("-", "figures")
+        for line in lines:
+            terminalreporter.write_line(line)
 
 
 @pytest.fixture(autouse=True)

@@ -15,8 +15,12 @@ INSTALLED_APPS = [*INSTALLED_APPS, "tests.testapp"]  # noqa: F405
 AGENTRUN_MODEL_CLIENT = os.environ.get(
     "AGENTRUN_MODEL_CLIENT", "django_agentrun.testing.ScriptedClient"
 )
-# Integration tests point the test process and its workers at their own broker db and queue.
-CELERY_BROKER_URL = os.environ.get("AGENTRUN_TEST_BROKER_URL", "redis://127.0.0.1:6379/9")
+# Integration tests point the test process and its workers at their own broker db (9 on the
+# Redis server AGENTRUN_TEST_REDIS names) and queue.
+CELERY_BROKER_URL = (
+    os.environ.get("AGENTRUN_TEST_BROKER_URL")
+    or f"{os.environ.get('AGENTRUN_TEST_REDIS', 'redis://127.0.0.1:6379').rstrip('/')}/9"
+)
 AGENTRUN_QUEUE = os.environ.get("AGENTRUN_QUEUE") or None
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):  # noqa: F405

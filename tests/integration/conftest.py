@@ -22,7 +22,8 @@ from django_agentrun.testing.messages_api import MessagesAPIServer
 from tests.worker_process import celery_worker_argv
 
 ROOT = Path(__file__).resolve().parents[2]
-REDIS_URL = os.environ.get("AGENTRUN_TEST_REDIS", "redis://127.0.0.1:6379")
+# The Redis server of the integration tier (db 9; the fresh-project test uses db 11).
+REDIS_URL = os.environ.get("AGENTRUN_TEST_REDIS", "redis://127.0.0.1:6379").rstrip("/")
 
 
 def pytest_collection_modifyitems(items):

@@ -6,6 +6,7 @@ After either, resume_run finishes the run and the server accepts the history.
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -22,18 +23,37 @@ def _state(run: Run) -> str:
     return run.state
 
 
-def _sleepers() -> list[int]:
-    """pids of `sleep 60` processes (the tool's child)."""
-    found = []
+def _descendants(pid: int) -> list[int]:
+    """pids of the processes below `pid` (children, their children...), from /proc."""
+    parents: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            cmd = (entry / "cmdline").read_bytes().split(b"\0")
+            stat = (entry / "stat").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])  # the command name may hold spaces
+        parents.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        children = parents.get(todo.pop(), [])
+        found += children
+        todo += children
+    return found
+
+
+def _sleepers(worker: subprocess.Popen) -> list[int]:
+    """pids of the `sleep 60` processes the tool started under this test's worker (not any
+    other `sleep 60` on a shared machine)."""
+    found = []
+    for pid in _descendants(worker.pid):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
         if cmd[:2] == [b"sleep", b"60"]:
-            found.append(int(entry.name))
+            found.append(pid)
     return found
 
 
@@ -76,16 +96,17 @@ def test_cancel__kills_the_tool_child_process(workers, messages_api):
         return Reply([text("Resumed after the cancelled sleep.")])
 
     messages_api.script = script
-    workers.start(AGENTRUN_CANCEL_GRACE_SECONDS="1")
+    worker = workers.start(AGENTRUN_CANCEL_GRACE_SECONDS="1")
     run = start_run("test-agent", "Sleep a minute")
-    wait_for(lambda: executions("shell_sleep") and _sleepers(), timeout=30, message="the child")
-    child = _sleepers()
+    child = wait_for(
+        lambda: executions("shell_sleep") and _sleepers(worker), timeout=30, message="the child"
+    )
     asked = time.monotonic()
     cancel_run(run, reason="too slow")
     wait_for(lambda: _state(run) == "cancelled", timeout=5, interval=0.05, message="cancelled")
     assert time.monotonic() - asked < 2.0
     wait_for(
-        lambda: not any(p in _sleepers() for p in child),
+        lambda: not any(p in _sleepers(worker) for p in child),
         timeout=1 + 1,
         interval=0.05,
         message="child gone",

@@ -14,18 +14,22 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-REDIS_URL = os.environ.get("AGENTRUN_TEST_REDIS", "redis://127.0.0.1:6379")
+REDIS_URL = os.environ.get("AGENTRUN_TEST_REDIS", "redis://127.0.0.1:6379").rstrip("/")
 # Settings of the test session that must not leak into the demo's processes.
 LEAKS = ("DATABASE_URL", "AGENTRUN_TEST_DB_NAME", "AGENTRUN_FAILPOINTS", "ANTHROPIC_API_KEY")
 
 
 def _redis_answers() -> bool:
+    parts = urlsplit(REDIS_URL)
     try:
-        with socket.create_connection(("127.0.0.1", 6379), 0.5) as s:
+        with socket.create_connection(
+            (parts.hostname or "127.0.0.1", parts.port or 6379), 0.5
+        ) as s:
             s.sendall(b"PING\r\n")
             return s.recv(16).startswith(b"+PONG")
     except OSError:
@@ -37,7 +41,7 @@ def _redis_answers() -> bool:
 @pytest.mark.parametrize("broker", ["filesystem", "redis"])
 def test_demo_delivers_exactly_one_message(broker, tmp_path):
     if broker == "redis" and not _redis_answers():
-        pytest.skip("Redis is not running on 127.0.0.1:6379")
+        pytest.skip(f"Redis is not running at {REDIS_URL}")
     env = {k: v for k, v in os.environ.items() if k not in LEAKS}
     env["DJANGO_SETTINGS_MODULE"] = "example_project.settings"
     state = tmp_path / "demo"

@@ -27,7 +27,9 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-def test_pool_child_killed__redelivered_and_lease_taken_over(workers, messages_api, settings):
+def test_pool_child_killed__redelivered_and_lease_taken_over(
+    workers, messages_api, settings, figures
+):
     settings.AGENTRUN_LEASE_SECONDS = 30  # the default: recovery must not wait for it
     messages_api.script = by_step(
         [
@@ -48,7 +50,7 @@ def test_pool_child_killed__redelivered_and_lease_taken_over(workers, messages_a
 
     wait_for(done, timeout=25, interval=0.1, message="completed after the child was killed")
     took = time.monotonic() - killed
-    print(f"recovered {took:.2f}s after the pool child was killed")
+    figures(f"[recovery] run completed {took:.2f}s after its pool child was killed")
     assert took < settings.AGENTRUN_LEASE_SECONDS, took
     assert Run.objects.get(pk=run.pk).recovery_attempts == 0  # reset when the turn completed
     assert RunEvent.objects.filter(run=run, type="recovery").count() == 1

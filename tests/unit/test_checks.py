@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
-from celery import current_app
+from collections.abc import Callable, Iterator
+
+import pytest
+from celery import Celery
 
 from django_agentrun import Agent, Budget
 from django_agentrun.agents import _registry
-from django_agentrun.checks import check_agents, check_celery, check_database, check_settings
+from django_agentrun.checks import (
+    check_agents,
+    check_api,
+    check_celery,
+    check_database,
+    check_required_apps,
+    check_settings,
+)
+from example_project.celery import app as project_app
+
+# A URLconf without the API (settings.ROOT_URLCONF = __name__).
+urlpatterns: list = []
 
 
 def ids(messages):
@@ -18,12 +32,79 @@ def test_checks__clean_project_has_no_findings():
     assert check_settings() == []
     assert check_celery() == []
     assert check_agents() == []
+    assert check_required_apps() == []
+    assert check_api() == []
 
 
-def test_checks__prefetch_and_eager_and_missing_reaper(monkeypatch):
-    monkeypatch.setitem(current_app.conf, "worker_prefetch_multiplier", 4)
-    monkeypatch.setitem(current_app.conf, "task_always_eager", True)
-    monkeypatch.setitem(current_app.conf, "beat_schedule", {})
+@pytest.fixture
+def current(monkeypatch) -> Iterator[Callable[[Celery], Celery]]:
+    """Make a Celery app the current one for the test (the project's app again afterwards)."""
+    monkeypatch.delenv("CELERY_BROKER_URL", raising=False)
+
+    def make_current(app: Celery) -> Celery:
+        app.set_current()
+        return app
+
+    yield make_current
+    project_app.set_current()
+
+
+def test_checks__no_celery_app_loaded_is_one_error_with_the_fix(current):
+    # What Celery makes up when the project's __init__ never imports its celery.py.
+    current(Celery("default", fixups=[], set_as_current=False))
+    found = check_celery()
+    assert ids(found) == {"agentrun.E010"}  # no advice about settings the app cannot see
+    assert "tests/celery.py" in found[0].hint
+    assert "from .celery import app as celery_app" in found[0].hint
+    assert "config_from_object('django.conf:settings', namespace='CELERY')" in found[0].hint
+
+
+def test_checks__app_not_configured_from_django_settings(current, settings):
+    current(Celery("proj", set_as_current=False))  # its celery.py forgot config_from_object
+    found = check_celery()
+    # Prefetch and the beat schedule are set in Django settings: W001/W003 would be wrong.
+    assert ids(found) == {"agentrun.E011"}
+    assert "CELERY_WORKER_PREFETCH_MULTIPLIER" in found[0].msg
+    assert "CELERY_BEAT_SCHEDULE" in found[0].msg
+    assert "CELERY_BROKER_URL" in found[0].msg
+    assert "namespace='CELERY'" in found[0].hint
+
+
+def test_checks__app_overriding_a_django_setting(current, settings):
+    app = current(configured_app())
+    app.conf.worker_prefetch_multiplier = 4  # celery.py sets it again, differently
+    found = check_celery()
+    # The hint of W001 ("set CELERY_WORKER_PREFETCH_MULTIPLIER = 1") would not help here.
+    assert ids(found) == {"agentrun.W013"}
+    assert "CELERY_WORKER_PREFETCH_MULTIPLIER" in found[0].msg
+
+
+def test_checks__broker_url_missing_and_connection_loss_setting(current, settings):
+    del settings.CELERY_BROKER_URL
+    settings.CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
+    current(configured_app())
+    found = check_celery()
+    assert ids(found) == {"agentrun.W010", "agentrun.W011"}
+    assert all(m.hint for m in found)
+
+
+def test_checks__a_configured_project_app_is_clean(current):
+    current(configured_app())
+    assert check_celery() == []
+
+
+def configured_app() -> Celery:
+    """A project's Celery app configured the standard way, from the current settings."""
+    app = Celery("proj", set_as_current=False)
+    app.config_from_object("django.conf:settings", namespace="CELERY")
+    return app
+
+
+def test_checks__prefetch_and_eager_and_missing_reaper(current, settings):
+    settings.CELERY_WORKER_PREFETCH_MULTIPLIER = 4
+    settings.CELERY_TASK_ALWAYS_EAGER = True
+    settings.CELERY_BEAT_SCHEDULE = {}
+    current(configured_app())
     found = check_celery()
     assert ids(found) == {"agentrun.W001", "agentrun.W002", "agentrun.W003"}
     assert all(m.hint for m in found)
@@ -58,3 +139,34 @@ def test_checks__dated_model_ids_match_their_price(settings):
         "mine": {"input": 1, "output": 2, "cache_write": 1, "cache_read": 0.1}
     }
     assert agentrun_settings.price_for("mine")["output"] == 2
+
+
+def test_checks__api_without_authentication(settings):
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "DEFAULT_AUTHENTICATION_CLASSES": []}
+    found = check_api()
+    assert ids(found) == {"agentrun.E013"}
+    assert "DEFAULT_AUTHENTICATION_CLASSES" in found[0].hint
+
+
+def test_checks__api_with_session_authentication_but_no_sessions(settings):
+    settings.MIDDLEWARE = [
+        m for m in settings.MIDDLEWARE if not m.endswith("AuthenticationMiddleware")
+    ]
+    found = check_api()
+    assert ids(found) == {"agentrun.W012"}
+    assert "AuthenticationMiddleware" in found[0].hint
+
+
+def test_checks__api_checks_only_when_the_api_is_mounted(settings):
+    settings.ROOT_URLCONF = __name__
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "DEFAULT_AUTHENTICATION_CLASSES": []}
+    assert check_api() == []
+
+
+def test_checks__auth_and_contenttypes_are_required(settings):
+    settings.INSTALLED_APPS = [
+        a for a in settings.INSTALLED_APPS if a not in ("django.contrib.contenttypes",)
+    ]
+    found = check_required_apps()
+    assert ids(found) == {"agentrun.E012"}
+    assert "'django.contrib.contenttypes'" in found[0].hint

@@ -474,7 +474,7 @@ BUDGET = {
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("k", [0, 1, 4])
-def test_turn_budget__queries_and_commits(k, monkeypatch, no_broker, capsys):
+def test_turn_budget__queries_and_commits(k, monkeypatch, no_broker, figures):
     measured_turn = (
         [reply(text("answer"))]
         if k == 0
@@ -485,12 +485,10 @@ def test_turn_budget__queries_and_commits(k, monkeypatch, no_broker, capsys):
     assert advance(run.pk, client=client) == Outcome.CONTINUED  # warm-up turn 0
 
     outcome, queries, statements, counter = _measure(monkeypatch, run, client)
-    with capsys.disabled():
-        print(
-            f"\n[budget] turn with {k} tool calls: {queries} queries "
-            f"({statements} statements), {counter.commits} commits + "
-            f"{counter.autocommit_writes} autocommit writes"
-        )
+    figures(
+        f"[budget] turn with {k} tool calls: {queries} queries ({statements} statements), "
+        f"{counter.commits} commits + {counter.autocommit_writes} autocommit writes"
+    )
     assert outcome == (Outcome.FINISHED if k == 0 else Outcome.CONTINUED)
     assert queries <= BUDGET[k]["queries"]
     assert statements <= BUDGET[k]["statements"]

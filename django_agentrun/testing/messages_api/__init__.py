@@ -15,6 +15,9 @@ answers with scripted replies, as JSON or as Server-Sent Events::
         client = AnthropicModelClient(base_url=api.base_url, api_key="test")
         ...
         assert api.steps() == {0: 1, 1: 1}
+
+`load_script("script.json")` reads a script from a JSON file (or `module:attribute`);
+`python -m django_agentrun.testing.messages_api --script script.json` serves one.
 """
 
 from __future__ import annotations
@@ -27,7 +30,9 @@ from .script import (
     as_reply,
     by_step,
     error,
+    load_script,
     new_id,
+    script_from_steps,
     step_of,
     text,
     tool_use,
@@ -45,7 +50,9 @@ __all__ = [
     "as_reply",
     "by_step",
     "error",
+    "load_script",
     "new_id",
+    "script_from_steps",
     "step_of",
     "text",
     "tool_use",

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import importlib
+import json
 import secrets
 import string
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
-# The real API's error type for each status code.
 # The real API's error type for each status code.
 ERROR_TYPES: dict[int, str] = {
     400: "invalid_request_error",
@@ -199,3 +201,79 @@ def by_step(replies: list[Any]) -> Script:
 def last_tool_use_index(blocks: list[dict[str, Any]]) -> int:
     """The position of the last tool_use block in `blocks`."""
     return max(i for i, b in enumerate(blocks) if b.get("type") == "tool_use")
+
+
+def script_from_steps(steps: Any, *, source: str = "script") -> Script:
+    """A by_step script from JSON-shaped data: a list with one item per step.
+
+    An item is a str (one text block), a block (a dict with "type"), a list of blocks,
+    or a reply object: a dict of Reply fields (`content`, `stop_reason`, `usage`,
+    `status`, `error_type`, `error_message`, `delay`, `headers`...). Each item becomes
+    a Reply once, here, so a repeated request for a step gets the same tool_use ids.
+    Raises ValueError naming the step for anything else.
+    """
+    if not isinstance(steps, list) or not steps:
+        raise ValueError(f"{source}: expected a non-empty JSON list of steps")
+    return by_step([_step_reply(item, f"{source}: step {n}") for n, item in enumerate(steps)])
+
+
+_REPLY_FIELDS = frozenset(f.name for f in fields(Reply))
+
+
+def _step_reply(item: Any, where: str) -> Reply:
+    if isinstance(item, dict) and "type" not in item:
+        unknown = sorted(set(item) - _REPLY_FIELDS)
+        if unknown:
+            raise ValueError(
+                f"{where}: unknown reply field(s) {', '.join(unknown)} "
+                f'(known: {", ".join(sorted(_REPLY_FIELDS))}; a content block needs a "type")'
+            )
+        _check_content(item.get("content", []), where)
+        try:
+            return Reply(**item)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{where}: {exc}") from exc
+    if isinstance(item, dict):
+        item = [item]
+    _check_content(item, where)
+    return Reply(item)
+
+
+def _check_content(content: Any, where: str) -> None:
+    if isinstance(content, str):
+        return
+    if not isinstance(content, list) or not all(
+        isinstance(b, dict) and isinstance(b.get("type"), str) for b in content
+    ):
+        raise ValueError(f'{where}: content must be a string or a list of blocks with a "type"')
+
+
+def load_script(spec: str) -> Script:
+    """The script named by `spec`: a JSON file (see script_from_steps) or `module:attribute`.
+
+    The attribute may be a list of steps (as in the JSON file, or Reply objects) or a
+    callable taking the request body (a Script, e.g. one made with by_step).
+    """
+    path = Path(spec)
+    if path.suffix == ".json" or path.is_file():
+        try:
+            data = json.loads(path.read_text())
+        except OSError as exc:
+            raise ValueError(f"{spec}: cannot read the script: {exc.strerror or exc}") from exc
+        except ValueError as exc:
+            raise ValueError(f"{spec}: not valid JSON: {exc}") from exc
+        return script_from_steps(data, source=spec)
+    module_name, sep, attribute = spec.partition(":")
+    if not sep or not module_name or not attribute:
+        raise ValueError(f"{spec}: give a JSON file or module:attribute")
+    try:
+        value: Any = importlib.import_module(module_name)
+        for part in attribute.split("."):
+            value = getattr(value, part)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"{spec}: cannot import it: {exc}") from exc
+    if isinstance(value, list):
+        return by_step(value)
+    if callable(value):
+        return value
+    raise ValueError(f"{spec}: expected a list of steps or a callable, got {type(value).__name__}")

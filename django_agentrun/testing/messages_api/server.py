@@ -84,6 +84,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send_error(self, exc: APIRequestError, headers: dict[str, str] | None = None) -> None:
         self._rec["status"] = exc.status
+        self._rec["error"] = f"{exc.error_type}: {exc.message}"
         self._send_json(
             exc.status,
             {
@@ -127,9 +128,21 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 - stdlib naming
         self._request_id = new_id("req_")
         self._rec = self.server.api._record(self, None)
-        self._send_error(APIRequestError(404, f"Not found: {self.path}"))
+        try:
+            self._send_error(APIRequestError(404, f"Not found: {self.path}"))
+        finally:
+            self.server.api._answered(self._rec)
 
     def do_POST(self) -> None:  # noqa: N802 - stdlib naming
+        # One handler serves every request of a keep-alive connection: forget the last one.
+        self._rec: dict[str, Any] | None = None
+        try:
+            self._post()
+        finally:
+            if self._rec is not None:
+                self.server.api._answered(self._rec)
+
+    def _post(self) -> None:
         api = self.server.api
         self._request_id = new_id("req_")
         length = int(self.headers.get("content-length") or 0)
@@ -313,16 +326,29 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class MessagesAPIServer:
-    """A fake Messages API on 127.0.0.1 (a random port) in a daemon thread.
+    """A fake Messages API on 127.0.0.1 (a random port by default) in a daemon thread.
 
     Use as a context manager or call start()/stop(). `script(body) -> Reply` picks
     the answer to each valid request; change it any time via `.script = ...`.
     `api_key`, if given, is the only key accepted (any key is, by default).
+    `on_request(record)`, if given, is called in the handler's thread once each
+    request is answered (the record as in `requests`; `error` holds the refusal).
     """
 
-    def __init__(self, script: Script | None = None, *, api_key: str | None = None) -> None:
+    def __init__(
+        self,
+        script: Script | None = None,
+        *,
+        api_key: str | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        on_request: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
         self.script = script
         self.api_key = api_key
+        self.host = host
+        self._port = port
+        self.on_request = on_request
         self._lock = threading.Lock()
         self._requests: list[dict[str, Any]] = []
         self._disconnects = 0
@@ -338,7 +364,7 @@ class MessagesAPIServer:
         if self._httpd is not None:
             return self
         self._stopping.clear()
-        httpd = _HTTPServer(("127.0.0.1", 0), _Handler)
+        httpd = _HTTPServer((self.host, self._port), _Handler)
         httpd.api = self
         self._httpd = httpd
         self._thread = threading.Thread(
@@ -384,13 +410,17 @@ class MessagesAPIServer:
     @property
     def base_url(self) -> str:
         """E.g. "http://127.0.0.1:PORT" (what ANTHROPIC_BASE_URL / base_url= take)."""
-        return f"http://127.0.0.1:{self.port}"
+        host = self._httpd.server_address[0] if self._httpd is not None else self.host
+        if host in ("0.0.0.0", ""):  # listening everywhere: this machine answers on loopback
+            host = "127.0.0.1"
+        return f"http://{host}:{self.port}"
 
     # -- observations ---------------------------------------------------------------------------
 
     @property
     def requests(self) -> list[dict[str, Any]]:
-        """Recorded requests (a copy): path, method, headers (lower-case), body, time, step, status, stream."""
+        """Recorded requests (a copy): path, method, headers (lower-case), body, time, step,
+        status, error (the refusal, or None), stream."""
         with self._lock:
             return list(self._requests)
 
@@ -453,11 +483,16 @@ class MessagesAPIServer:
             "step": step_of(body) if isinstance(body, dict) else 0,
             "stream": bool(body.get("stream")) if isinstance(body, dict) else False,
             "status": None,
+            "error": None,
             "request_id": handler._request_id,
         }
         with self._lock:
             self._requests.append(record)
         return record
+
+    def _answered(self, record: dict[str, Any]) -> None:
+        if self.on_request is not None:
+            self.on_request(dict(record))
 
     def _disconnected(self) -> None:
         with self._lock:
