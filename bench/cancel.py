@@ -1,4 +1,4 @@
-"""4. Cancellation latency: `cancel_run(run)` while the lease holder is busy.
+"""5. Cancellation latency: `cancel_run(run)` while the lease holder is busy.
 
 (a) during a slow streamed model response: a solo worker with the real Anthropic
     client (AGENTRUN_MODEL_CLIENT=django_agentrun.clients.anthropic.AnthropicModelClient)
@@ -116,7 +116,7 @@ def tool_trials(n: int) -> list[dict]:
 
 
 def run(quick: bool) -> None:
-    section("4. Cancellation latency (cancel_run -> cancelled)")
+    section("5. Cancellation latency (cancel_run -> cancelled)")
     n = 2 if quick else 5
     stream = stream_trials(n)
     tool = tool_trials(n)

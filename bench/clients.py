@@ -64,6 +64,14 @@ def script(request: ModelRequest) -> tuple[list[dict[str, Any]], str]:
         if step >= 1:
             return [_text("recovered")], "end_turn"
         return [_tool_use("stall", {"seconds": 60}, run_key)], "tool_use"
+    if scenario == "failpoints":
+        if step >= 1:
+            return [_text("recovered")], "end_turn"
+        calls = [
+            _tool_use("lookup", {"query": "q"}, f"{run_key}:0"),
+            _tool_use("fetch_page", {"query": "p", "size": 100}, f"{run_key}:1"),
+        ]
+        return calls, "tool_use"
     if scenario == "cancel-tool":
         if step >= 1:
             return [_text("slept")], "end_turn"

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import common  # noqa: E402
 
-SECTIONS = ["engine", "throughput", "recovery", "cancel", "storage"]
+SECTIONS = ["engine", "throughput", "recovery", "failpoints", "cancel", "storage"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,12 +48,13 @@ def main(argv: list[str] | None = None) -> int:
         f"{' (tables emptied)' if reset else ''}; python {sys.version.split()[0]}; "
         f"{os.cpu_count()} CPUs, {_load()}"
     )
-    from bench import cancel, engine, recovery, storage, throughput, workers
+    from bench import cancel, engine, failpoints, recovery, storage, throughput, workers
 
     modules = {
         "engine": engine,
         "throughput": throughput,
         "recovery": recovery,
+        "failpoints": failpoints,
         "cancel": cancel,
         "storage": storage,
     }

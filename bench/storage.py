@@ -1,4 +1,4 @@
-"""5. Storage per run against the transcript's own size.
+"""6. Storage per run against the transcript's own size.
 
 Runs of 5, 10 and 20 turns, driven in-process: every turn but the last has a text
 block and one tool call (`small`: 200 B of text, a 300 B result; `large`: 1 KB and
@@ -101,7 +101,7 @@ def _series(kind: str, turns: int, runs: int, client) -> dict:
 def run(quick: bool) -> None:
     from .clients import BenchClient
 
-    section("5. Storage per run vs the transcript's own size")
+    section("6. Storage per run vs the transcript's own size")
     runs = 3 if quick else 8
     client = BenchClient()
     task, _ = _stub_dispatch()

@@ -66,8 +66,13 @@ class Workers:
         _pools.append(self)
 
     def env(self, **extra: str) -> dict[str, str]:
+        inherited = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("AGENTRUN_FAILPOINTS", "AGENTRUN_TEST_LOG")
+        }
         env = {
-            **os.environ,
+            **inherited,
             "DJANGO_SETTINGS_MODULE": "bench.settings",
             "AGENTRUN_QUEUE": self.queue,
             "AGENTRUN_LOG_LEVEL": "INFO",
@@ -75,8 +80,6 @@ class Workers:
             **self.base_env,
             **extra,
         }
-        env.pop("AGENTRUN_FAILPOINTS", None)
-        env.pop("AGENTRUN_TEST_LOG", None)
         return env
 
     def start(

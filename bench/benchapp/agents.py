@@ -62,6 +62,7 @@ def _agent(name: str, tools: list, max_turns: int = 1000) -> Agent:
 ENGINE = _agent("bench-engine", [lookup])
 THROUGHPUT = _agent("bench-throughput", [lookup])
 RECOVERY = _agent("bench-recovery", [stall])
+FAILPOINTS = _agent("bench-failpoints", [lookup, fetch_page])
 CANCEL_STREAM = _agent("bench-cancel-stream", [])
 CANCEL_TOOL = _agent("bench-cancel-tool", [shell_sleep])
 STORAGE = _agent("bench-storage", [fetch_page])
