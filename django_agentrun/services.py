@@ -29,6 +29,7 @@ from django_fsm import TransitionNotAllowed
 from . import signals
 from .agents import Agent, get_agent
 from .conf import agentrun_settings
+from .content import BLOCK_TYPES, StoredResult, stored_result, validate_blocks
 from .exceptions import (
     ApprovalError,
     ConcurrentUpdate,
@@ -585,9 +586,13 @@ def _validate_input(value: Any) -> Any:
                 isinstance(block.get("text"), str) and block["text"].strip()
             ):
                 raise InvalidInput(f"input[{i}] is a text block without text.")
-            if block["type"] in ("tool_use", "tool_result"):
-                raise InvalidInput(f"input[{i}]: {block['type']} blocks cannot start a run.")
-        return value
+            if block["type"] not in BLOCK_TYPES:
+                raise InvalidInput(
+                    f"input[{i}]: {block['type']} blocks cannot start a run (a run's input holds "
+                    f"{', '.join(BLOCK_TYPES)} blocks)."
+                )
+        # The shapes the Messages API accepts, checked now rather than failing at the model.
+        return validate_blocks(value, where="input")
     raise InvalidInput(
         "The input must be a non-empty string or a non-empty list of content blocks."
     )
@@ -931,10 +936,9 @@ def resolve_tool_call(
     note: str = "",
     token: str | None = None,
 ) -> ToolCall:
-    """A person settles a call whose outcome is unknown: `done` (with its result),
-    `retry` (one new attempt) or `fail` (an is_error result)."""
-    from .tools import result_content
-
+    """A person settles a call whose outcome is unknown: `done` (with its result: a JSON
+    value, or a ToolResult), `retry` (one new attempt) or `fail` (an is_error result)."""
+    done = stored_result(result) if action == "done" else None  # InvalidContent: nothing written
     with transaction.atomic():
         call, run = _lock_call(tool_call)
         if call.state != ToolCallState.UNKNOWN:
@@ -951,7 +955,7 @@ def resolve_tool_call(
             events = _close_call(
                 call,
                 ToolCallState.SUCCEEDED,
-                result_content(result),
+                done,
                 is_error=False,
                 source=ResultSource.PERSON,
                 fields=decided,
@@ -993,6 +997,60 @@ def resolve_tool_call(
     return call
 
 
+# Runs no worker advances, whose history a person may repair before resume_run.
+_REPAIRABLE = (RunState.FAILED, RunState.CANCELLED, RunState.TIMED_OUT)
+
+
+def replace_tool_result(
+    tool_call: ToolCall | Any, *, by: Any, result: Any, is_error: bool = False, note: str = ""
+) -> ToolCall:
+    """Repair a stopped run's history: replace a closed call's result (a JSON value or a
+    ToolResult) in a failed, cancelled or timed-out run, e.g. one the Messages API
+    refused (`history_rejected`). The call keeps its state; the result is marked as a
+    person's, and a `tool_result_replaced` event says who and why. resume_run then
+    sends the history with the new result."""
+    stored = stored_result(result)  # InvalidContent: nothing written
+    with transaction.atomic():
+        call, run = _lock_call(tool_call)
+        if run.state not in _REPAIRABLE:
+            raise InvalidTransition(
+                f"Run {run.pk} is {run.state}: tool results can be replaced only in a failed, "
+                "cancelled or timed-out run."
+            )
+        if not call.is_closed:
+            raise InvalidTransition(
+                f"Tool call {call.tool_call_id} is {call.state}: only a closed call's result "
+                "can be replaced."
+            )
+        _save(
+            call,
+            None,
+            result=stored.value,
+            result_format=stored.format,
+            is_error=is_error,
+            result_source=ResultSource.PERSON,
+        )
+        payload = {
+            "turn_index": call.turn_index,
+            "tool_call_id": call.tool_call_id,
+            "tool_call_state": call.state,
+            "result": stored.value,
+            "result_format": str(stored.format),
+            "is_error": is_error,
+            "source": ResultSource.PERSON,
+            "by": _user_id(by),
+            "note": note,
+        }
+        _write_run(run, [("tool_result_replaced", payload)])
+    logger.info(
+        "Tool result replaced run_id=%s tool_call_id=%s by=%s",
+        run.pk,
+        call.tool_call_id,
+        _user_id(by),
+    )
+    return call
+
+
 def _close_call(
     call: ToolCall,
     target: str,
@@ -1005,13 +1063,16 @@ def _close_call(
     kind: str = "tool_call_finished",
     defer: list[Deferred] | None = None,
 ) -> list[Event]:
-    """Close a tool call with its result (CAS on its state); returns its event."""
+    """Close a tool call with its result (CAS on its state); returns its event. `result`:
+    a StoredResult, or a JSON value (e.g. the text of a synthetic result)."""
+    stored = result if isinstance(result, StoredResult) else StoredResult(result)
     old = _set_state(call, target)
     _save(
         call,
         old,
         defer=defer,
-        result=result,
+        result=stored.value,
+        result_format=stored.format,
         is_error=is_error,
         result_source=source,
         finished_at=timezone.now(),
@@ -1024,7 +1085,8 @@ def _close_call(
                 "turn_index": call.turn_index,
                 "tool_call_id": call.tool_call_id,
                 "tool_call_state": call.state,
-                "result": result,
+                "result": stored.value,
+                "result_format": str(stored.format),
                 "is_error": is_error,
                 "source": source,
                 **(extra or {}),

@@ -76,19 +76,19 @@ def delete_account(ctx: ToolContext, user: str) -> str:
     return f"deleted {user}"
 
 
-@tool
+@tool(side_effect=SideEffect.READ_ONLY)
 def fail_always(reason: str) -> str:
     """A tool that raises."""
     raise ToolError(f"failed on purpose: {reason}")
 
 
-@tool
+@tool(side_effect=SideEffect.READ_ONLY)
 def explode() -> str:
     """A tool with a bug."""
     raise RuntimeError("secret-token-123 leaked?")
 
 
-@tool
+@tool(side_effect=SideEffect.READ_ONLY)
 def slow(ctx: ToolContext, seconds: float) -> str:
     """Sleep cooperatively."""
     end = time.monotonic() + seconds
@@ -98,7 +98,7 @@ def slow(ctx: ToolContext, seconds: float) -> str:
     return "slept"
 
 
-@tool
+@tool(side_effect=SideEffect.READ_ONLY)
 def shell_sleep(ctx: ToolContext, seconds: int) -> str:
     """Run `sleep` as a child process."""
     record("shell_sleep", key=ctx.idempotency_key)
