@@ -6,11 +6,12 @@ PNG, JPEG, GIF and WebP dimensions, and a PDF's page count.
 The figures, from Anthropic's vision and PDF guides:
 
 - An image costs about width * height / 750 tokens, measured after the API scales it
-  down to at most 1568 px on the long edge and about 1.15 megapixels (so at most about
-  1,600 tokens). An image we cannot measure (a URL, a file id, an unreadable header)
-  counts as that maximum.
+  down to at most 1568 px on the long edge and about 1.15 megapixels. The guide's table
+  of the largest sizes it keeps as they are (1092x1092 ... 1568x784) reaches 1.23 MP,
+  so we scale to that, the conservative end: at most 1,640 tokens. An image we cannot
+  measure (a URL, a file id, an unreadable header) counts as that maximum.
 - A PDF page costs its text (1,500 to 3,000 tokens, by density) plus the page as an
-  image: we count PDF_PAGE_TOKENS = 3,000 + 1,600 = 4,600 tokens a page, the upper end.
+  image: we count PDF_PAGE_TOKENS = 3,000 + 1,640 = 4,640 tokens a page, the upper end.
   A PDF whose pages we cannot count (a URL, a file id, an encrypted or unusual file)
   counts as the API's maximum of 100 pages.
 """
@@ -26,9 +27,9 @@ import zlib
 from typing import Any
 
 IMAGE_MAX_LONG_EDGE = 1568
-IMAGE_MAX_PIXELS = 1_150_000
+IMAGE_MAX_PIXELS = 1568 * 784
 PIXELS_PER_TOKEN = 750
-IMAGE_MAX_TOKENS = 1600
+IMAGE_MAX_TOKENS = math.ceil(IMAGE_MAX_PIXELS / PIXELS_PER_TOKEN)  # 1,640
 PDF_PAGE_TOKENS = 3000 + IMAGE_MAX_TOKENS
 PDF_MAX_PAGES = 100
 
