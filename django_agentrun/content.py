@@ -12,6 +12,7 @@ and `services.replace_tool_result` repairs it.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 from collections.abc import Iterable
@@ -311,8 +312,6 @@ def text_block(text: str) -> dict[str, Any]:
 
 def image_block(data: bytes, media_type: str | None = None) -> dict[str, Any]:
     """An image block from the file's bytes (the media type is read from them if not given)."""
-    import base64
-
     media_type = media_type or image_type(data)
     if media_type not in IMAGE_TYPES:
         raise InvalidContent("The data is not a JPEG, PNG, GIF or WebP image.")
@@ -325,8 +324,6 @@ def image_block(data: bytes, media_type: str | None = None) -> dict[str, Any]:
 
 def pdf_block(data: bytes, *, title: str | None = None) -> dict[str, Any]:
     """A document block from a PDF file's bytes."""
-    import base64
-
     encoded = base64.b64encode(data).decode("ascii")
     block: dict[str, Any] = {
         "type": "document",

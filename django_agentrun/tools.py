@@ -184,7 +184,9 @@ class Tool:
         # crash; `manage.py check` lists such tools (agentrun.W005).
         self.side_effect_declared = side_effect is not None
         try:
-            self.side_effect = SideEffect(side_effect or SideEffect.NON_IDEMPOTENT)
+            self.side_effect = SideEffect(
+                SideEffect.NON_IDEMPOTENT if side_effect is None else side_effect
+            )
         except ValueError:
             raise ConfigurationError(
                 f"Tool {self.name}: side_effect must be one of {', '.join(SideEffect.values)}"

@@ -71,12 +71,13 @@ _ABOUT_HISTORY = re.compile(
 def model_failure(exc: ModelError) -> tuple[str, str]:
     """The run's error code and message for a model call that failed for good.
 
-    `history_rejected`: the API refused the recorded history itself. Sending it again
-    cannot help, so the run fails with a code that says so; a person repairs the
+    `history_rejected`: the API refused the recorded history itself (a 400 about it, or
+    413: the request outgrew the size limit, and only the history grows). Sending it
+    again cannot help, so the run fails with a code that says so; a person repairs the
     offending tool result (services.replace_tool_result) and resumes the run."""
     if exc.retryable:
         return "model_unavailable", str(exc)
-    if exc.status == 400 and _ABOUT_HISTORY.search(str(exc)):
+    if exc.status == 413 or (exc.status == 400 and _ABOUT_HISTORY.search(str(exc))):
         return (
             "history_rejected",
             "The Messages API refused the run's history; resuming would send it again, so "

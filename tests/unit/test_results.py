@@ -257,6 +257,9 @@ def test_model_failure__a_refused_history_has_its_own_code():
     )
     assert code("400 invalid_request_error: Could not process image") == "history_rejected"
     assert code("400 invalid_request_error: Unable to download the file") == "history_rejected"
+    assert code("413 request_too_large: Request exceeds the maximum size", 413) == (
+        "history_rejected"
+    )
     assert code("400 invalid_request_error: Your credit balance is too low") == "model_error"
     assert code("ScriptedClient: no reply scripted for step 3") == "model_error"
     assert code("401 authentication_error: invalid x-api-key", status=401) == "model_error"

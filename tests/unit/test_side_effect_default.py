@@ -68,6 +68,13 @@ def test_tool__undeclared_is_not_re_run_after_a_crash(monkeypatch):
     assert RAN == ["x"]  # once, not again
 
 
+def test_tool__a_blank_side_effect_is_a_configuration_error():
+    from django_agentrun.exceptions import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="side_effect must be one of"):
+        tool(side_effect="")(lambda: None)
+
+
 def test_check__lists_tools_relying_on_the_default(monkeypatch):
     monkeypatch.setattr("django_agentrun.agents.registered_agents", lambda: {"a": UNDECLARED_AGENT})
     (found,) = check_tool_side_effects()
