@@ -256,6 +256,15 @@ def validate_blocks(blocks: Any, *, where: str) -> list[dict[str, Any]]:
     return clean
 
 
+def has_cache_control(value: Any) -> bool:
+    """Whether a block (or anything inside it) sets a prompt-caching breakpoint."""
+    if isinstance(value, dict):
+        return "cache_control" in value or any(has_cache_control(v) for v in value.values())
+    if isinstance(value, list):
+        return any(has_cache_control(v) for v in value)
+    return False
+
+
 def _describe(exc: pydantic.ValidationError, where: str, block: Any) -> str:
     kind = block.get("type") if isinstance(block, dict) else None
     label = f"{where} ({kind})" if isinstance(kind, str) and kind in BLOCK_TYPES else where
@@ -294,7 +303,15 @@ class ToolResult:
         if not items:
             raise InvalidContent("A ToolResult needs at least one content block.")
         blocks = [text_block(item) if isinstance(item, str) else item for item in items]
-        self.blocks: tuple[dict[str, Any], ...] = tuple(validate_blocks(blocks, where="content"))
+        clean = validate_blocks(blocks, where="content")
+        for i, block in enumerate(clean):
+            if has_cache_control(block):
+                # Breakpoints would pile up turn after turn past the API's 4 per request.
+                raise InvalidContent(
+                    f"content[{i}]: cache_control is not allowed in tool results; the engine "
+                    "places the prompt-caching breakpoints."
+                )
+        self.blocks: tuple[dict[str, Any], ...] = tuple(clean)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, ToolResult) and other.blocks == self.blocks

@@ -29,7 +29,13 @@ from django_fsm import TransitionNotAllowed
 from . import signals
 from .agents import Agent, get_agent
 from .conf import agentrun_settings
-from .content import BLOCK_TYPES, StoredResult, stored_result, validate_blocks
+from .content import (
+    BLOCK_TYPES,
+    StoredResult,
+    has_cache_control,
+    stored_result,
+    validate_blocks,
+)
 from .exceptions import (
     ApprovalError,
     ConcurrentUpdate,
@@ -573,6 +579,11 @@ def _release_fields() -> dict[str, Any]:
 # --------------------------------------------------------------------------- runs
 
 
+# Prompt-caching breakpoints a run's input may set: the API takes 4 a request, and the
+# model client marks the last tool and the last system block.
+INPUT_BREAKPOINTS = 2
+
+
 def _validate_input(value: Any) -> Any:
     if isinstance(value, str):
         if not value.strip():
@@ -592,7 +603,13 @@ def _validate_input(value: Any) -> Any:
                     f"{', '.join(BLOCK_TYPES)} blocks)."
                 )
         # The shapes the Messages API accepts, checked now rather than failing at the model.
-        return validate_blocks(value, where="input")
+        blocks = validate_blocks(value, where="input")
+        if sum(1 for block in blocks if has_cache_control(block)) > INPUT_BREAKPOINTS:
+            raise InvalidInput(
+                f"At most {INPUT_BREAKPOINTS} input blocks may set cache_control: the API allows "
+                "4 breakpoints a request, and the engine places 2 (tools and system)."
+            )
+        return blocks
     raise InvalidInput(
         "The input must be a non-empty string or a non-empty list of content blocks."
     )

@@ -60,10 +60,11 @@ def text_of(content: Sequence[dict[str, Any]] | None) -> str:
 
 # What a 400 says when the API refuses something in the conversation rather than the
 # request's fixed parts (model, tools, limits: those fail on the first turn already):
-# a path into `messages`, or content it could not use ("Could not process image",
-# "Unable to download the file" for a URL source).
+# a path into `messages`, content it could not use ("Could not process image", "Unable
+# to download the file" for a URL source), or too many cache_control breakpoints.
 _ABOUT_HISTORY = re.compile(
-    r"\bmessages\b|tool_use|tool_result|\bimage\b|\bdocument\b|\bpdf\b|unable to download",
+    r"\bmessages\b|tool_use|tool_result|\bimage\b|\bdocument\b|\bpdf\b|unable to download"
+    r"|cache_control",
     re.I,
 )
 

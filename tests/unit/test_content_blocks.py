@@ -132,6 +132,18 @@ def test_input__bad_blocks_are_refused_naming_the_block_and_the_problem(bad, mes
 
 
 @pytest.mark.django_db
+def test_input__at_most_two_cache_breakpoints():
+    """The API takes 4 a request and the model client places 2 (tools, system)."""
+
+    def marked(i):
+        return {"type": "text", "text": f"part {i}", "cache_control": {"type": "ephemeral"}}
+
+    assert start_run("test-agent", [marked(1), marked(2)]).input[1]["cache_control"]
+    with pytest.raises(InvalidInput, match="At most 2 input blocks may set cache_control"):
+        start_run("test-agent", [marked(1), marked(2), marked(3)])
+
+
+@pytest.mark.django_db
 def test_input__the_api_answers_400_for_a_bad_block():
     from django.contrib.auth.models import User
     from django.urls import reverse

@@ -151,6 +151,18 @@ def test_content__tool_result_validates_when_built(blocks, problem):
     assert problem in str(raised.value)
 
 
+def test_content__tool_results_set_no_cache_breakpoints():
+    """The engine places breakpoints; a tool's would pile up past the API's 4 a request."""
+    nested = {
+        "type": "search_result",
+        "source": "kb",
+        "title": "KB",
+        "content": [{"type": "text", "text": "x", "cache_control": {"type": "ephemeral"}}],
+    }
+    with pytest.raises(InvalidContent, match="content\\[1\\]: cache_control is not allowed"):
+        ToolResult("ok", nested)
+
+
 def test_content__image_data_must_be_the_declared_type():
     block = image_block(png(2, 2))
     block["source"]["media_type"] = "image/jpeg"
@@ -260,6 +272,10 @@ def test_model_failure__a_refused_history_has_its_own_code():
     assert code("413 request_too_large: Request exceeds the maximum size", 413) == (
         "history_rejected"
     )
+    too_many = (
+        "400 invalid_request_error: A maximum of 4 blocks with cache_control may be provided."
+    )
+    assert code(too_many) == "history_rejected"
     assert code("400 invalid_request_error: Your credit balance is too low") == "model_error"
     assert code("ScriptedClient: no reply scripted for step 3") == "model_error"
     assert code("401 authentication_error: invalid x-api-key", status=401) == "model_error"
