@@ -13,9 +13,11 @@ __all__ = [
     "SideEffect",
     "ToolContext",
     "ToolError",
+    "ToolResult",
     "approve_tool_call",
     "cancel_run",
     "reject_tool_call",
+    "replace_tool_result",
     "resolve_tool_call",
     "resume_run",
     "start_run",
@@ -30,21 +32,25 @@ _LAZY = {
     "tool": "tools",
     "SideEffect": "states",
     "ToolError": "exceptions",
+    "ToolResult": "content",
     "start_run": "services",
     "cancel_run": "services",
     "resume_run": "services",
     "approve_tool_call": "services",
     "reject_tool_call": "services",
     "resolve_tool_call": "services",
+    "replace_tool_result": "services",
 }
 
 if TYPE_CHECKING:
     from .agents import Agent, Budget
+    from .content import ToolResult
     from .exceptions import ToolError
     from .services import (
         approve_tool_call,
         cancel_run,
         reject_tool_call,
+        replace_tool_result,
         resolve_tool_call,
         resume_run,
         start_run,

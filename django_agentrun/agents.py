@@ -46,6 +46,7 @@ class Agent:
         max_tokens: int | None = None,
         budget: Budget | None = None,
         repeat_threshold: int | None = None,
+        repeat_window: int | None = None,
         deadline: timedelta | None = None,
         approval_timeout: timedelta | None = None,
         prompt_caching: bool | None = None,
@@ -68,11 +69,14 @@ class Agent:
         self.max_tokens = max_tokens
         self.budget = budget or Budget()
         self.repeat_threshold = repeat_threshold
+        self.repeat_window = repeat_window
         self.deadline = deadline
         self.approval_timeout = approval_timeout
         self.prompt_caching = prompt_caching
         if max_turns is not None and max_turns < 1:
             raise ConfigurationError(f"Agent {name}: max_turns must be at least 1")
+        if repeat_window is not None and repeat_window < 1:
+            raise ConfigurationError(f"Agent {name}: repeat_window must be at least 1")
         if register:
             _registry[name] = self
 
@@ -93,6 +97,7 @@ class Agent:
             "max_tokens": self.max_tokens or s.DEFAULT_MAX_TOKENS,
             "budget": self.budget.as_dict(),
             "repeat_threshold": self.repeat_threshold or s.REPEAT_THRESHOLD,
+            "repeat_window": self.repeat_window or s.REPEAT_WINDOW,
             "prompt_caching": s.PROMPT_CACHING
             if self.prompt_caching is None
             else self.prompt_caching,

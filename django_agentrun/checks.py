@@ -325,3 +325,55 @@ def check_agents(app_configs: Any = None, **kwargs: Any) -> list:
                 )
             )
     return found
+
+
+# SQLite added UPDATE ... RETURNING, which every engine write relies on, in 3.35.
+SQLITE_RETURNING = (3, 35)
+
+
+@checks.register()
+def check_sqlite_version(app_configs: Any = None, **kwargs: Any) -> list:
+    found = []
+    for alias in connections:
+        connection = connections[alias]
+        if connection.vendor != "sqlite":
+            continue
+        # The library the driver is linked against; no connection needed.
+        version = tuple(connection.Database.sqlite_version_info)
+        if version < SQLITE_RETURNING:
+            found.append(
+                checks.Error(
+                    f"Database {alias!r} is SQLite {'.'.join(map(str, version))}; django-agentrun "
+                    "needs 3.35 or later (UPDATE ... RETURNING).",
+                    hint="Use PostgreSQL, or a Python built against a newer SQLite (for example "
+                    "the pysqlite3-binary package in place of the standard sqlite3 module).",
+                    id="agentrun.E005",
+                )
+            )
+    return found
+
+
+@checks.register()
+def check_tool_side_effects(app_configs: Any = None, **kwargs: Any) -> list:
+    from .agents import registered_agents
+
+    undeclared = sorted(
+        {
+            tool.name
+            for agent in registered_agents().values()
+            for tool in agent.tools.values()
+            if not tool.side_effect_declared
+        }
+    )
+    if not undeclared:
+        return []
+    return [
+        checks.Warning(
+            f"Tools without a declared side effect: {', '.join(undeclared)}. They count as "
+            "non_idempotent: after a crash mid-call they are not re-run but wait for their "
+            "reconcile check or a person.",
+            hint="Declare it: @tool(side_effect=SideEffect.READ_ONLY) (or IDEMPOTENT_WRITE, "
+            "NON_IDEMPOTENT, ATOMIC).",
+            id="agentrun.W005",
+        )
+    ]

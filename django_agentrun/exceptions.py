@@ -94,3 +94,9 @@ class RunNotActive(InvalidTransition):
     """The run is not active."""
 
     code = "run_not_active"
+
+
+class InvalidContent(InvalidInput):
+    """These content blocks are not what the Messages API accepts."""
+
+    code = "invalid_content"

@@ -19,6 +19,7 @@ from django.utils import timezone
 from django_fsm import FSMField, FSMModelMixin, transition
 
 from .clients.base import USAGE_KEYS
+from .content import ResultFormat, render_result
 from .exceptions import AppendOnlyError
 from .fields import json_field
 from .states import (
@@ -308,7 +309,15 @@ class ToolCall(FSMModelMixin, models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
-    result = json_field(null=True, blank=True, help_text="The tool_result content.")
+    result = json_field(
+        null=True,
+        blank=True,
+        help_text="The result: a JSON value, or content blocks (result_format).",
+    )
+    # Rows written before formats existed get "json": a legacy list of dicts renders as text.
+    result_format = models.CharField(
+        max_length=_width(ResultFormat), choices=ResultFormat.choices, default=ResultFormat.JSON
+    )
     is_error = models.BooleanField(default=False)
     result_source = models.CharField(
         max_length=_width(ResultSource), choices=ResultSource.choices, blank=True
@@ -374,7 +383,7 @@ class ToolCall(FSMModelMixin, models.Model):
         block: dict[str, Any] = {
             "type": "tool_result",
             "tool_use_id": self.tool_call_id,
-            "content": self.result if self.result is not None else "",
+            "content": render_result(self.result, self.result_format),
         }
         if self.is_error:
             block["is_error"] = True

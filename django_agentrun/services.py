@@ -29,6 +29,13 @@ from django_fsm import TransitionNotAllowed
 from . import signals, wakeups
 from .agents import Agent, get_agent
 from .conf import agentrun_settings
+from .content import (
+    BLOCK_TYPES,
+    StoredResult,
+    has_cache_control,
+    stored_result,
+    validate_blocks,
+)
 from .exceptions import (
     ApprovalError,
     ConcurrentUpdate,
@@ -602,6 +609,11 @@ def _release_fields() -> dict[str, Any]:
 # --------------------------------------------------------------------------- runs
 
 
+# Prompt-caching breakpoints a run's input may set: the API takes 4 a request, and the
+# model client marks the last tool and the last system block.
+INPUT_BREAKPOINTS = 2
+
+
 def _validate_input(value: Any) -> Any:
     if isinstance(value, str):
         if not value.strip():
@@ -615,9 +627,19 @@ def _validate_input(value: Any) -> Any:
                 isinstance(block.get("text"), str) and block["text"].strip()
             ):
                 raise InvalidInput(f"input[{i}] is a text block without text.")
-            if block["type"] in ("tool_use", "tool_result"):
-                raise InvalidInput(f"input[{i}]: {block['type']} blocks cannot start a run.")
-        return value
+            if block["type"] not in BLOCK_TYPES:
+                raise InvalidInput(
+                    f"input[{i}]: {block['type']} blocks cannot start a run (a run's input holds "
+                    f"{', '.join(BLOCK_TYPES)} blocks)."
+                )
+        # The shapes the Messages API accepts, checked now rather than failing at the model.
+        blocks = validate_blocks(value, where="input")
+        if sum(1 for block in blocks if has_cache_control(block)) > INPUT_BREAKPOINTS:
+            raise InvalidInput(
+                f"At most {INPUT_BREAKPOINTS} input blocks may set cache_control: the API allows "
+                "4 breakpoints a request, and the engine places 2 (tools and system)."
+            )
+        return blocks
     raise InvalidInput(
         "The input must be a non-empty string or a non-empty list of content blocks."
     )
@@ -989,12 +1011,10 @@ def resolve_tool_call(
     note: str = "",
     token: str | None = None,
 ) -> ToolCall:
-    """A person settles a call whose outcome is unknown: `done` (with its result),
-    `retry` (one new attempt) or `fail` (an is_error result)."""
+    """A person settles a call whose outcome is unknown: `done` (with its result: a JSON
+    value, or a ToolResult), `retry` (one new attempt) or `fail` (an is_error result)."""
     check_text(note, "The note")
-    check_json(result, "The result")
-    from .tools import result_content
-
+    done = stored_result(result) if action == "done" else None  # InvalidContent: nothing written
     with transaction.atomic():
         call, run = _lock_call(tool_call)
         if call.state != ToolCallState.UNKNOWN:
@@ -1011,7 +1031,7 @@ def resolve_tool_call(
             events = _close_call(
                 call,
                 ToolCallState.SUCCEEDED,
-                result_content(result),
+                done,
                 is_error=False,
                 source=ResultSource.PERSON,
                 fields=decided,
@@ -1053,6 +1073,61 @@ def resolve_tool_call(
     return call
 
 
+# Runs no worker advances, whose history a person may repair before resume_run.
+_REPAIRABLE = (RunState.FAILED, RunState.CANCELLED, RunState.TIMED_OUT)
+
+
+def replace_tool_result(
+    tool_call: ToolCall | Any, *, by: Any, result: Any, is_error: bool = False, note: str = ""
+) -> ToolCall:
+    """Repair a stopped run's history: replace a closed call's result (a JSON value or a
+    ToolResult) in a failed, cancelled or timed-out run, e.g. one the Messages API
+    refused (`history_rejected`). The call keeps its state; the result is marked as a
+    person's, and a `tool_result_replaced` event says who and why. resume_run then
+    sends the history with the new result."""
+    check_text(note, "The note")
+    stored = stored_result(result)  # InvalidContent: nothing written
+    with transaction.atomic():
+        call, run = _lock_call(tool_call)
+        if run.state not in _REPAIRABLE:
+            raise InvalidTransition(
+                f"Run {run.pk} is {run.state}: tool results can be replaced only in a failed, "
+                "cancelled or timed-out run."
+            )
+        if not call.is_closed:
+            raise InvalidTransition(
+                f"Tool call {call.tool_call_id} is {call.state}: only a closed call's result "
+                "can be replaced."
+            )
+        _save(
+            call,
+            None,
+            result=stored.value,
+            result_format=stored.format,
+            is_error=is_error,
+            result_source=ResultSource.PERSON,
+        )
+        payload = {
+            "turn_index": call.turn_index,
+            "tool_call_id": call.tool_call_id,
+            "tool_call_state": call.state,
+            "result": stored.value,
+            "result_format": str(stored.format),
+            "is_error": is_error,
+            "source": ResultSource.PERSON,
+            "by": _user_id(by),
+            "note": note,
+        }
+        _write_run(run, [("tool_result_replaced", payload)])
+    logger.info(
+        "Tool result replaced run_id=%s tool_call_id=%s by=%s",
+        run.pk,
+        call.tool_call_id,
+        _user_id(by),
+    )
+    return call
+
+
 def _close_call(
     call: ToolCall,
     target: str,
@@ -1065,13 +1140,16 @@ def _close_call(
     kind: str = "tool_call_finished",
     defer: list[Deferred] | None = None,
 ) -> list[Event]:
-    """Close a tool call with its result (CAS on its state); returns its event."""
+    """Close a tool call with its result (CAS on its state); returns its event. `result`:
+    a StoredResult, or a JSON value (e.g. the text of a synthetic result)."""
+    stored = result if isinstance(result, StoredResult) else StoredResult(result)
     old = _set_state(call, target)
     _save(
         call,
         old,
         defer=defer,
-        result=result,
+        result=stored.value,
+        result_format=stored.format,
         is_error=is_error,
         result_source=source,
         finished_at=timezone.now(),
@@ -1084,7 +1162,8 @@ def _close_call(
                 "turn_index": call.turn_index,
                 "tool_call_id": call.tool_call_id,
                 "tool_call_state": call.state,
-                "result": result,
+                "result": stored.value,
+                "result_format": str(stored.format),
                 "is_error": is_error,
                 "source": source,
                 **(extra or {}),

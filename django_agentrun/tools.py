@@ -172,7 +172,7 @@ class Tool:
         *,
         name: str | None = None,
         description: str | None = None,
-        side_effect: SideEffect | str = SideEffect.READ_ONLY,
+        side_effect: SideEffect | str | None = None,
         reconcile: Callable[..., Reconciliation] | None = None,
         requires_approval: ApprovalPolicy = False,
         approval_timeout: timedelta | None = None,
@@ -180,8 +180,13 @@ class Tool:
         self.func = func
         self.name = name or func.__name__
         self.description = (description or inspect.getdoc(func) or "").strip()
+        # Undeclared is treated as the one class that is never re-run blindly after a
+        # crash; `manage.py check` lists such tools (agentrun.W005).
+        self.side_effect_declared = side_effect is not None
         try:
-            self.side_effect = SideEffect(side_effect)
+            self.side_effect = SideEffect(
+                SideEffect.NON_IDEMPOTENT if side_effect is None else side_effect
+            )
         except ValueError:
             raise ConfigurationError(
                 f"Tool {self.name}: side_effect must be one of {', '.join(SideEffect.values)}"
@@ -293,12 +298,15 @@ def tool(
     *,
     name: str | None = None,
     description: str | None = None,
-    side_effect: SideEffect | str = SideEffect.READ_ONLY,
+    side_effect: SideEffect | str | None = None,
     reconcile: Callable[..., Reconciliation] | None = None,
     requires_approval: ApprovalPolicy = False,
     approval_timeout: timedelta | None = None,
 ) -> Any:
-    """Turn a typed function into a tool; its docstring is the description the model sees."""
+    """Turn a typed function into a tool; its docstring is the description the model sees.
+
+    Declare `side_effect`: without it the tool counts as non_idempotent (never re-run
+    after a crash without a reconcile check or a person)."""
 
     def wrap(f: Callable[..., Any]) -> Tool:
         return Tool(
@@ -312,18 +320,3 @@ def tool(
         )
 
     return wrap(func) if func is not None else wrap
-
-
-def result_content(value: Any) -> str | list[dict[str, Any]]:
-    """A handler's return value as tool_result content."""
-    if value is None:
-        return ""
-    if isinstance(value, str):
-        return value
-    if (
-        isinstance(value, list)
-        and value
-        and all(isinstance(block, dict) and "type" in block for block in value)
-    ):
-        return value
-    return canonical_json(value)

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import email.utils
+import functools
 import socket
 import threading
 import time
+import typing
 from typing import Any
 
 import anthropic
 import httpx2
+from anthropic.types import TextBlockParam, TextCitationParam, ToolUseBlockParam
 
 from ..abort import AbortSignal
 from ..conf import agentrun_settings
@@ -279,18 +282,45 @@ class AnthropicModelClient:
 
 def _block_to_param(block: Any) -> dict[str, Any]:
     """A response content block as a plain dict that can be sent back to the API."""
-    data = block.model_dump(mode="json", exclude_none=True)
+    data = block.model_dump(mode="json")
     if data.get("type") == "tool_use":
-        # Exactly what a tool_use block param needs; input may be partial after max_tokens.
-        param = {key: data[key] for key in ("type", "id", "name") if key in data}
+        param = _as_param(data, ToolUseBlockParam)
+        # The input may be partial after max_tokens; the API wants an object.
         param["input"] = data.get("input") if isinstance(data.get("input"), dict) else {}
-        if "caller" in data:
-            param["caller"] = data["caller"]
         return param
     if data.get("type") == "text":
-        # Citations are the only other field the API accepts back on a text block.
-        return {key: data[key] for key in ("type", "text", "citations") if key in data}
-    return data
+        param = _as_param(data, TextBlockParam)
+        if param.get("citations"):
+            param["citations"] = [
+                _as_param(c, _CITATION_PARAMS[c["type"]])
+                if c.get("type") in _CITATION_PARAMS
+                else c
+                for c in param["citations"]
+            ]
+        return param
+    return block.model_dump(mode="json", exclude_none=True)
+
+
+@functools.cache
+def _param_keys(param_type: Any) -> tuple[frozenset[str], frozenset[str]]:
+    """(every key, the required keys) of one of the SDK's TypedDict params. Read from the
+    annotations: the SDK's postponed annotations hide Required from __required_keys__."""
+    hints = typing.get_type_hints(param_type, include_extras=True)
+    required = {k for k, v in hints.items() if typing.get_origin(v) is typing.Required}
+    return frozenset(hints), frozenset(required)
+
+
+def _as_param(data: dict[str, Any], param_type: Any) -> dict[str, Any]:
+    """Every key the param type accepts; a None kept only where the param requires the key
+    (e.g. a citation's document_title), dropped where the key is optional."""
+    keys, required = _param_keys(param_type)
+    return {k: v for k, v in data.items() if k in keys and (v is not None or k in required)}
+
+
+_CITATION_PARAMS = {
+    typing.get_args(typing.get_type_hints(t)["type"])[0]: t
+    for t in typing.get_args(TextCitationParam)
+}
 
 
 def _retry_after(headers: httpx2.Headers) -> float | None:

@@ -8,6 +8,7 @@ from decimal import Decimal
 from typing import Any
 
 from ..conf import agentrun_settings
+from ..media import block_tokens
 from ..tools import canonical_json
 
 FINAL_TURN_NOTICE = (
@@ -33,9 +34,26 @@ def cost_of(model: str, usage: dict[str, int]) -> Decimal:
 
 
 def estimate_tokens(value: Any) -> int:
-    """A cheap upper-ish estimate of tokens in a JSON-able value (4 characters a token)."""
-    text = value if isinstance(value, str) else canonical_json(value)
-    return len(text) // 4 + 1
+    """A cheap upper-ish estimate of tokens in a JSON-able value: 4 characters a token,
+    except images and PDFs in content blocks, priced as the API bills them (media.py)
+    rather than by the length of their base64."""
+    media = 0
+
+    def without_media(item: Any) -> Any:
+        nonlocal media
+        if isinstance(item, dict):
+            tokens = block_tokens(item)
+            if tokens is not None:
+                media += tokens
+                return {key: v for key, v in item.items() if key != "source"}
+            return {key: without_media(v) for key, v in item.items()}
+        if isinstance(item, list | tuple):
+            return [without_media(v) for v in item]
+        return item
+
+    rest = without_media(value)
+    text = rest if isinstance(rest, str) else canonical_json(rest)
+    return len(text) // 4 + 1 + media
 
 
 @dataclass(frozen=True)
@@ -86,8 +104,11 @@ def check_budget(
     return None
 
 
-def repeated(previous_hashes: Sequence[str], current: str, threshold: int) -> bool:
-    """Is `current` the Nth identical consecutive call (N = threshold)?"""
-    if threshold < 2 or len(previous_hashes) < threshold - 1:
+def repeated(previous_hashes: Sequence[str], current: str, threshold: int, window: int) -> bool:
+    """Is `current` the Nth identical call (N = threshold) among the last `window` calls,
+    itself included? A window smaller than the threshold counts as the threshold, so N
+    identical calls in a row are always caught."""
+    if threshold < 2:
         return False
-    return all(h == current for h in previous_hashes[-(threshold - 1) :])
+    recent = previous_hashes[-(max(window, threshold) - 1) :]
+    return sum(1 for h in recent if h == current) >= threshold - 1

@@ -6,9 +6,13 @@ so "the history the model sees" has one definition.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..clients import ModelError
 
 
 @dataclass
@@ -52,3 +56,32 @@ def sanitize_content(content: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def text_of(content: Sequence[dict[str, Any]] | None) -> str:
     return "".join(block.get("text", "") for block in content or () if block.get("type") == "text")
+
+
+# What a 400 says when the API refuses something in the conversation rather than the
+# request's fixed parts (model, tools, limits: those fail on the first turn already):
+# a path into `messages`, content it could not use ("Could not process image", "Unable
+# to download the file" for a URL source), or too many cache_control breakpoints.
+_ABOUT_HISTORY = re.compile(
+    r"\bmessages\b|tool_use|tool_result|\bimage\b|\bdocument\b|\bpdf\b|unable to download"
+    r"|cache_control",
+    re.I,
+)
+
+
+def model_failure(exc: ModelError) -> tuple[str, str]:
+    """The run's error code and message for a model call that failed for good.
+
+    `history_rejected`: the API refused the recorded history itself (a 400 about it, or
+    413: the request outgrew the size limit, and only the history grows). Sending it
+    again cannot help, so the run fails with a code that says so; a person repairs the
+    offending tool result (services.replace_tool_result) and resumes the run."""
+    if exc.retryable:
+        return "model_unavailable", str(exc)
+    if exc.status == 413 or (exc.status == 400 and _ABOUT_HISTORY.search(str(exc))):
+        return (
+            "history_rejected",
+            "The Messages API refused the run's history; resuming would send it again, so "
+            f"replace the offending tool result first (replace_tool_result). The API said: {exc}",
+        )
+    return "model_error", str(exc)

@@ -28,17 +28,18 @@ from ..clients import (
     get_model_client,
 )
 from ..conf import agentrun_settings
-from ..exceptions import InvalidInput, LeaseLost, ToolCancelled, ToolError, UnknownAgent
+from ..content import stored_result
+from ..exceptions import InvalidContent, LeaseLost, ToolCancelled, ToolError, UnknownAgent
 from ..failpoints import failpoint
-from ..fields import check_json, storable_text
+from ..fields import storable_text
 from ..identity import holder_is_dead, worker_identity
 from ..models import Run, ToolCall, Turn, idempotency_key_for
 from ..services import Event, Lease, _close_call, _save, _set_state, fenced
 from ..states import ResultSource, RunState, SideEffect, ToolCallState, TurnState
-from ..tools import Tool, ToolArgumentsError, ToolContext, arguments_hash, result_content
+from ..tools import Tool, ToolArgumentsError, ToolContext, arguments_hash
 from . import guards
 from .heartbeat import Heartbeat
-from .history import TurnRecord, build_messages, sanitize_content, text_of
+from .history import TurnRecord, build_messages, model_failure, sanitize_content, text_of
 
 logger = logging.getLogger(__name__)
 
@@ -313,7 +314,12 @@ class _Step:
                 [self.config.get("system", ""), self.config.get("tools", []), self.run_obj.input]
             )
         last = answered[-1]
-        added = sum(guards.estimate_tokens(c.result) for c in last.calls if c.result is not None)  # type: ignore[attr-defined]
+        # The results as the model will see them (media priced as the API bills it).
+        added = sum(
+            guards.estimate_tokens(c.tool_result_block()["content"])
+            for c in last.calls  # type: ignore[attr-defined]
+            if c.is_closed
+        )
         prompt = last.input_tokens + last.cache_creation_input_tokens + last.cache_read_input_tokens
         return prompt + last.output_tokens + added
 
@@ -405,8 +411,8 @@ class _Step:
             raise AssertionError("unreachable") from None
         except ModelError as exc:
             with self._tx():
-                code = "model_unavailable" if exc.retryable else "model_error"
-                self._fail(code, str(exc)[:2000], "model", [], turn=turn)
+                code, message = model_failure(exc)
+                self._fail(code, message[:2000], "model", [], turn=turn)
         failpoint("model.before_commit")
         with self._tx():
             self._record_response(turn, response, retries)
@@ -528,6 +534,7 @@ class _Step:
             or agentrun_settings.DEFAULT_MAX_TOOL_CALLS_PER_TURN
         )
         threshold = self.config.get("repeat_threshold") or agentrun_settings.REPEAT_THRESHOLD
+        window = self.config.get("repeat_window") or agentrun_settings.REPEAT_WINDOW
         history = [c.arguments_hash for t in self.turns for c in t.calls]  # type: ignore[attr-defined]
         calls: list[ToolCall] = []
         now = timezone.now()
@@ -577,13 +584,15 @@ class _Step:
                         f"{exc} The tool was not run; fix the arguments and try again.",
                     )
             digest = arguments_hash(name, arguments)
-            if state == ToolCallState.REQUESTED and guards.repeated(history, digest, threshold):
+            if state == ToolCallState.REQUESTED and guards.repeated(
+                history, digest, threshold, window
+            ):
                 state, error = (
                     ToolCallState.SKIPPED,
                     (
                         f"Not run: this is the {threshold}th identical call of {name} with the same "
-                        "arguments in a row. Repeating it will not help; try a different strategy "
-                        "or answer with what you have."
+                        f"arguments within the last {max(window, threshold)} calls. Repeating it "
+                        "will not help; try a different strategy or answer with what you have."
                     ),
                 )
                 events.append(
@@ -720,6 +729,8 @@ class _Step:
             value = tool.invoke(self._ctx(call), call.arguments)
         except ToolCancelled as exc:
             return ToolCallState.CANCELLED, f"Cancelled while running: {exc}", True
+        except InvalidContent as exc:  # e.g. a ToolResult with a bad block: the handler's bug
+            return ToolCallState.ERRORED, _bad_result(call, exc), True
         except ToolError as exc:
             return ToolCallState.ERRORED, str(exc), True
         except Exception as exc:  # noqa: BLE001 - a tool bug becomes an is_error result
@@ -734,7 +745,10 @@ class _Step:
                 f"Tool {call.name} failed with {type(exc).__name__}.",
                 True,
             )
-        return ToolCallState.SUCCEEDED, result_content(value), False
+        try:
+            return ToolCallState.SUCCEEDED, stored_result(value), False
+        except InvalidContent as exc:
+            return ToolCallState.ERRORED, _bad_result(call, exc), True
 
     def _execute(self, turn: Turn, call: ToolCall, tool: Tool) -> None:
         if tool.side_effect == SideEffect.ATOMIC:
@@ -793,7 +807,7 @@ class _Step:
         if self.abort.aborted:  # no handler starts once a cancel (or a lost lease) is known
             self._interrupted()
         self._not_started.discard(call.pk)
-        state, result, is_error = _storable(call, *self._invoke(tool, call))
+        state, result, is_error = self._invoke(tool, call)
         failpoint("tool.after_handler", call.name)
         if state == ToolCallState.CANCELLED and self.abort.reason != CANCEL_REQUESTED:
             # Stopped because this worker could not keep its lease, not by a cancel: its
@@ -816,9 +830,7 @@ class _Step:
                 raise LeaseLost(f"Run {self.run_id}: lease lost before an atomic tool")
             try:
                 with transaction.atomic():
-                    state, result, is_error = _storable(
-                        call, *self._invoke(tool, call), atomic=True
-                    )
+                    state, result, is_error = self._invoke(tool, call)
                     if is_error:
                         raise _RollbackTool(state, result)
             except _RollbackTool as rollback:
@@ -880,11 +892,15 @@ class _Step:
             logger.exception("Reconcile check of %s failed run_id=%s", call.name, self.run_id)
             self._park_unknown(call, f"The reconcile check failed with {type(exc).__name__}.")
         if found.status == "done":
+            try:
+                result = stored_result(found.result)
+            except InvalidContent as exc:
+                self._park_unknown(call, f"The reconcile check's result cannot be recorded: {exc}")
             self._finish(
                 turn,
                 call,
                 ToolCallState.SUCCEEDED,
-                result_content(found.result),
+                result,
                 False,
                 ResultSource.RECONCILED,
                 extra={"policy": "reconciled"},
@@ -1143,33 +1159,20 @@ def _complete(response: ModelResponse) -> ModelResponse:
     return response
 
 
-def _storable(
-    call: ToolCall, state: str, result: Any, is_error: bool, *, atomic: bool = False
-) -> tuple[str, Any, bool]:
-    """The handler's outcome as it can be recorded. A result no database can store (it
-    holds NaN, say) must not fail the commit: that would look like a crash and re-run the
-    tool. The model is told the tool ran and its result was lost instead."""
-    try:
-        check_json(result, "The result")
-    except InvalidInput as exc:
-        logger.warning(
-            "Result of %s cannot be stored run_id=%s tool_call_id=%s: %s",
-            call.name,
-            call.run_id,
-            call.tool_call_id,
-            exc,
-        )
-        effect = (
-            "its changes were rolled back."
-            if atomic
-            else "do not assume it failed: it may have had its effect."
-        )
-        return (
-            ToolCallState.ERRORED,
-            f"The tool ran, but its result could not be recorded ({exc}); {effect}",
-            True,
-        )
-    return state, result, is_error
+def _bad_result(call: ToolCall, exc: InvalidContent) -> str:
+    logger.warning(
+        "Tool %s returned an invalid result run_id=%s tool_call_id=%s: %s",
+        call.name,
+        call.run_id,
+        call.tool_call_id,
+        exc,
+    )
+    # It ran: a result that cannot be recorded must not look like a crash (that would run
+    # it again), so the model is told, and the call closes.
+    return (
+        f"Tool {call.name} ran, but its result cannot be recorded or sent (a bug in the tool, "
+        f"not in your call): {exc}"
+    )
 
 
 class _RollbackTool(Exception):

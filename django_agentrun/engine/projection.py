@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..clients.base import USAGE_KEYS
+from ..content import render_result
 from .history import TurnRecord, build_messages
 
 
@@ -54,10 +55,12 @@ def project(events: Iterable[Any]) -> Projection:
         elif kind == "tool_call_requested":
             positions[key] = payload["position"]
         if "result" in payload and "tool_call_state" in payload:
+            # tool_call_finished/resolved, approval_decided (rejected), tool_result_replaced.
+            # Events written before result formats existed have none: they render as JSON.
             block: dict[str, Any] = {
                 "type": "tool_result",
                 "tool_use_id": payload["tool_call_id"],
-                "content": payload["result"] if payload["result"] is not None else "",
+                "content": render_result(payload["result"], payload.get("result_format")),
             }
             if payload.get("is_error"):
                 block["is_error"] = True

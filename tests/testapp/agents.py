@@ -12,7 +12,18 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from django_agentrun import Agent, Budget, Reconciliation, SideEffect, ToolContext, ToolError, tool
+from django_agentrun import (
+    Agent,
+    Budget,
+    Reconciliation,
+    SideEffect,
+    ToolContext,
+    ToolError,
+    ToolResult,
+    tool,
+)
+from django_agentrun.content import image_block
+from tests.mediafiles import png
 
 
 def record(kind: str, **data) -> None:
@@ -76,19 +87,19 @@ def delete_account(ctx: ToolContext, user: str) -> str:
     return f"deleted {user}"
 
 
-@tool
+@tool(side_effect=SideEffect.READ_ONLY)
 def fail_always(reason: str) -> str:
     """A tool that raises."""
     raise ToolError(f"failed on purpose: {reason}")
 
 
-@tool
+@tool(side_effect=SideEffect.READ_ONLY)
 def explode() -> str:
     """A tool with a bug."""
     raise RuntimeError("secret-token-123 leaked?")
 
 
-@tool
+@tool(side_effect=SideEffect.READ_ONLY)
 def slow(ctx: ToolContext, seconds: float) -> str:
     """Sleep cooperatively."""
     end = time.monotonic() + seconds
@@ -98,7 +109,7 @@ def slow(ctx: ToolContext, seconds: float) -> str:
     return "slept"
 
 
-@tool
+@tool(side_effect=SideEffect.READ_ONLY)
 def shell_sleep(ctx: ToolContext, seconds: int) -> str:
     """Run `sleep` as a child process."""
     record("shell_sleep", key=ctx.idempotency_key)
@@ -184,3 +195,40 @@ Agent(
     tools=[*ALL_TOOLS, refund, bump_counter],
     approval_timeout=timedelta(hours=1),
 )
+
+
+# Results of every kind: JSON values, rich content, and handler bugs.
+
+
+@tool(side_effect=SideEffect.READ_ONLY)
+def list_accounts(owner: str) -> list:
+    """List an owner's accounts (plain records that happen to have a "type" key)."""
+    return [{"type": "checking", "balance": 10}, {"type": "savings", "balance": 250}]
+
+
+@tool(side_effect=SideEffect.READ_ONLY)
+def chart(quarter: str) -> ToolResult:
+    """Draw the revenue chart of a quarter."""
+    return ToolResult(f"Revenue, {quarter}:", image_block(png(64, 48)))
+
+
+@tool(side_effect=SideEffect.READ_ONLY)
+def linked_chart(url: str) -> ToolResult:
+    """Show a chart stored elsewhere, by URL."""
+    return ToolResult("The chart:", {"type": "image", "source": {"type": "url", "url": url}})
+
+
+@tool(side_effect=SideEffect.READ_ONLY)
+def broken_chart() -> ToolResult:
+    """A tool with a bug: it builds a block the Messages API does not accept."""
+    return ToolResult({"type": "image", "source": {"type": "base64", "media_type": "image/bmp"}})
+
+
+@tool(side_effect=SideEffect.READ_ONLY)
+def ratio() -> dict:
+    """A tool with a bug: its result is not JSON."""
+    return {"ratio": float("nan")}
+
+
+RESULT_TOOLS = [lookup, list_accounts, chart, linked_chart, broken_chart, ratio]
+Agent(name="results", model="claude-sonnet-4-5", tools=RESULT_TOOLS, max_turns=6)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from typing import Any
+from urllib.parse import urlsplit
 
 from .script import ERROR_TYPES, text
 
@@ -142,7 +143,20 @@ def _check_block(block: Any, where: str, role: str) -> int:
         elif inner is not None and not isinstance(inner, str):
             raise invalid(f"{where}.tool_result.content: Input should be a valid list or string")
         return breakpoints + _check_cache_control(block.get("cache_control"), where)
+    elif kind in ("image", "document"):
+        _check_download(block.get("source"))
     return _check_cache_control(block.get("cache_control"), where)
+
+
+def _check_download(source: Any) -> None:
+    """The real API downloads a URL source when it reads the request, and answers 400 when
+    it cannot. This server has no network: it takes every URL as reachable except those
+    under the reserved `.invalid` domain (RFC 2606), which never resolve."""
+    if not isinstance(source, dict) or source.get("type") != "url":
+        return
+    host = urlsplit(str(source.get("url", ""))).hostname or ""
+    if host == "invalid" or host.endswith(".invalid"):
+        raise invalid("Unable to download the file")
 
 
 def validate_request(body: Any) -> None:
