@@ -8,6 +8,7 @@ whatever position a hand-made cursor carries (a bad date was a 500); it ignores 
 
 from __future__ import annotations
 
+from base64 import b64decode
 from datetime import UTC, datetime
 from typing import Any
 
@@ -34,9 +35,12 @@ class CreatedAtCursorPagination(CursorPagination):
         return min(size, self.max_page_size)
 
     def decode_cursor(self, request: Request) -> Cursor | None:
+        encoded = request.query_params.get(self.cursor_query_param)
         try:
+            if encoded is not None:  # DRF's decode skips characters outside base64
+                b64decode(encoded.encode("ascii"), validate=True)
             cursor = super().decode_cursor(request)
-        except NotFound as exc:
+        except (ValueError, UnicodeEncodeError, NotFound) as exc:
             raise InvalidCursor() from exc
         if cursor is not None and cursor.position is not None:
             if _position(cursor.position) is None:
