@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from django.apps import apps
+from rest_framework.exceptions import NotAcceptable
+from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.renderers import BaseRenderer, BrowsableAPIRenderer, JSONRenderer
 from rest_framework.settings import api_settings
 
@@ -26,10 +28,22 @@ def api_renderers() -> list[BaseRenderer]:
     return renderers
 
 
+class FormatNegotiation(DefaultContentNegotiation):
+    """An unknown `?format=` is a 406 like an unknown Accept header (DRF: a bare 404)."""
+
+    def filter_renderers(self, renderers: list[BaseRenderer], format: str) -> list[BaseRenderer]:
+        kept = [renderer for renderer in renderers if renderer.format == format]
+        if not kept:
+            formats = ", ".join(sorted({str(r.format) for r in renderers}))
+            raise NotAcceptable(f"Unknown format {format!r}; one of {formats}.")
+        return kept
+
+
 class AgentRunAPIView:
     """Mixin of the API's views (and only theirs: the schema lists exactly these)."""
 
     parser_classes = [StrictJSONParser]
+    content_negotiation_class = FormatNegotiation
     # The host's default filter backends would filter (and reorder) these querysets.
     filter_backends: list[Any] = []
     schema = AgentRunSchema()

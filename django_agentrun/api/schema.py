@@ -54,7 +54,7 @@ ERROR_STATUSES: dict[int, str] = {
     "not permitted (`permission_denied`).",
     404: "Not found (`not_found`): no such object among those you may see, or an id of "
     "the wrong form.",
-    406: "No renderer for the `Accept` header (`not_acceptable`).",
+    406: "No renderer for the `Accept` header or `format` parameter (`not_acceptable`).",
     409: "Conflict with the object's current state (`code` says which).",
     413: "The body is larger than Django's `DATA_UPLOAD_MAX_MEMORY_SIZE` (`request_too_large`).",
     415: "The body is not `application/json` (`unsupported_media_type`).",

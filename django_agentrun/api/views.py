@@ -38,7 +38,7 @@ from ..exceptions import InvalidInput, UnknownAgent
 from ..models import Run, ToolCall, Turn
 from ..states import RunState
 from . import serializers as s
-from .base import AgentRunAPIView
+from .base import AgentRunAPIView, FormatNegotiation
 from .errors import ERROR_STATUS, exception_handler, status_for
 from .pagination import PendingPagination, RunPagination
 from .params import int_param, text_param
@@ -369,6 +369,7 @@ class SchemaView(SpectacularAPIView):
     no `drf_spectacular` in INSTALLED_APPS."""
 
     schema = None  # not an operation of the document it serves
+    content_negotiation_class = FormatNegotiation
     # JSON first (application/json), then the OpenAPI media types and YAML.
     renderer_classes = [
         OpenApiJsonRenderer2,

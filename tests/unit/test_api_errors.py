@@ -94,6 +94,18 @@ def test_permission_refusal__403_with_code(db, user):
     assert "agentrun.approve_toolcall" in body["detail"]
 
 
+def test_cancel_refusal__403_permission_denied(parked, db):
+    run, _ = parked
+    watcher = User.objects.create_user("watcher", password="pw")
+    watcher.user_permissions.set(Permission.objects.filter(codename="view_all_runs"))
+    client = Client()
+    client.force_login(watcher)
+    response = post(client, reverse("agentrun:run-cancel", args=[run.pk]), "{}")
+    body = assert_error(response, 403, "permission_denied")
+    assert "agentrun.cancel_run" in body["detail"]
+    assert Run.objects.get(pk=run.pk).state == "awaiting_approval"
+
+
 def test_host_exception_handler__is_not_used(web, settings):
     settings.REST_FRAMEWORK = {
         **settings.REST_FRAMEWORK,
@@ -197,6 +209,17 @@ def test_body_over_data_upload_max_memory_size__413(web, settings):
     body = json.dumps({"agent": "test-agent", "input": "x" * 2000})
     assert_error(post(web, RUNS, body), 413, "request_too_large")
     assert not Run.objects.exists()
+
+
+def test_unknown_format_or_accept__406(web):
+    for params, accept in (
+        ({"format": "xml"}, "*/*"),
+        ({"format": "\x00"}, "*/*"),
+        ({}, "text/csv"),
+    ):
+        for url in (RUNS, reverse("agentrun:schema")):
+            assert_error(web.get(url, params, HTTP_ACCEPT=accept), 406, "not_acceptable")
+    assert web.get(RUNS, {"format": "json"}).status_code == 200
 
 
 def test_body_of_another_media_type__415(web):
