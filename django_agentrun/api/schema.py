@@ -58,6 +58,7 @@ ERROR_STATUSES: dict[int, str] = {
     409: "Conflict with the object's current state (`code` says which).",
     413: "The body is larger than Django's `DATA_UPLOAD_MAX_MEMORY_SIZE` (`request_too_large`).",
     415: "The body is not `application/json` (`unsupported_media_type`).",
+    429: "Throttled by the host's throttle classes (`throttled`; see `Retry-After`).",
 }
 BODY_ERRORS = (
     "Malformed JSON, JSON nested too deeply or holding NUL characters, unpaired surrogates "
@@ -118,6 +119,8 @@ class AgentRunSchema(AutoSchema):
             codes += [400, 413, 415]
         elif op.parameters or isinstance(op.responses.get(200), ListSerializer):
             codes.append(400)  # filters, or a paginated list's cursor and page_size
+        if self.view.get_throttles():  # the host's DEFAULT_THROTTLE_CLASSES apply
+            codes.append(429)
         return codes
 
     def _error_text(self, code: int) -> str:

@@ -12,9 +12,13 @@ from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import User
+from django.core.cache import cache
 from django.test import Client
 from django.urls import reverse
 from drf_spectacular.validation import validate_schema
+from rest_framework.throttling import SimpleRateThrottle
+
+from django_agentrun.api.views import RunViewSet
 
 pytestmark = pytest.mark.django_db
 
@@ -125,6 +129,26 @@ def test_schema__every_operation_documents_its_error_statuses(web):
         assert "token" in schema["components"]["schemas"][name]["required"], name
 
 
+class OncePerMinute(SimpleRateThrottle):
+    rate = "1/min"
+
+    def get_cache_key(self, request, view):
+        return "agentrun-test-throttle"
+
+
+def test_throttled__429_documented_and_answered_when_the_host_throttles(web, monkeypatch):
+    cache.delete("agentrun-test-throttle")
+    assert "429" not in web.get(SCHEMA).json()["paths"]["/api/agentrun/runs/"]["get"]["responses"]
+    monkeypatch.setattr(RunViewSet, "throttle_classes", [OncePerMinute])
+    responses = web.get(SCHEMA).json()["paths"]["/api/agentrun/runs/"]["get"]["responses"]
+    assert "429" in responses
+    assert web.get(RUNS).status_code == 200
+    throttled = web.get(RUNS)
+    assert throttled.status_code == 429 and throttled.json()["code"] == "throttled"
+    assert int(throttled["Retry-After"]) > 0
+    cache.delete("agentrun-test-throttle")
+
+
 # --------------------------------------------------------------------------- a bare host
 
 
@@ -160,6 +184,7 @@ import django
 django.setup()
 from django.core.management import call_command
 from django.contrib.auth.models import User
+from django.core.cache import cache
 from django.test import Client
 from django.test.utils import setup_test_environment
 
