@@ -248,11 +248,12 @@ def test_events_endpoint__shows_only_what_the_run_detail_shows(owner, history):
     assert seen == set(EventType.values), sorted(set(EventType.values) - seen)
 
 
-def test_events_endpoint__keeps_what_people_need(owner, history):
+def test_events_endpoint__keeps_what_people_need(owner, history, django_assert_max_num_queries):
     client = APIClient()
     client.force_authenticate(owner)
     run = history[0]  # approved with edited arguments
-    events = client.get(reverse("agentrun:run-events", args=[run.pk])).json()["results"]
+    with django_assert_max_num_queries(4):  # permissions (user, group), the run, its events
+        events = client.get(reverse("agentrun:run-events", args=[run.pk])).json()["results"]
     by_type: dict[str, dict] = {}
     for event in events:
         by_type.setdefault(event["type"], event["payload"])  # the first of each type
