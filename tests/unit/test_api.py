@@ -622,6 +622,21 @@ def test_resolve__unknown_call_marked_done(api, decider, unknown):
     assert again.status_code == 409 and "not unknown" in again.data["detail"]
 
 
+def test_resolve__token_is_required_and_checked(api, decider, unknown):
+    _, call, _ = unknown(decider)
+    client = api(decider)
+    before = snapshot(call)
+    missing = client.post(call_url(call, "resolve"), {"action": "fail"}, format="json")
+    assert missing.status_code == 400 and "token" in missing.data["errors"]
+    stale = services.approval_token(ToolCall(pk=call.pk, arguments_hash="0" * 64))
+    for bad in (stale, "junk"):
+        response = client.post(
+            call_url(call, "resolve"), {"action": "fail", "token": bad}, format="json"
+        )
+        assert response.status_code == 409 and response.data["code"] == "invalid_token"
+    assert snapshot(call) == before
+
+
 def test_resolve__retry_runs_the_tool_once_more(api, decider, unknown):
     run, call, model = unknown(decider)
     response = api(decider).post(
