@@ -26,6 +26,7 @@ from django.utils.translation import ngettext
 from django.views.decorators.http import require_POST
 
 from . import services
+from .events import redact_secrets
 from .exceptions import AgentRunError, ApprovalError, InvalidToken
 from .models import Run, RunEvent, ToolCall, Turn
 from .states import RunState, ToolCallState, TurnState
@@ -446,7 +447,7 @@ class RunAdmin(_ServiceActionsMixin, admin.ModelAdmin):
         ]
         total = run.events.count()
         events = [
-            {"event": event, "summary": _summary(event.payload)}
+            {"event": event, "summary": _summary(redact_secrets(event.payload))}
             for event in run.events.order_by("-seq")[:MAX_TIMELINE_EVENTS]
         ][::-1]
         pending = run.tool_calls.pending_decision().count()
@@ -1052,10 +1053,12 @@ class RunEventAdmin(admin.ModelAdmin):
             '<a href="{}">{} · {}</a>', _change_url(obj.run), obj.run.agent, str(obj.run_id)[:8]
         )
 
+    # Staff may read whole payloads (the run page shows the config too), but approval
+    # tokens are decisions' credentials: only the decision forms carry them.
     @admin.display(description=_("payload"))
     def payload_summary(self, obj: RunEvent) -> str:
-        return _summary(obj.payload, limit=120)
+        return _summary(redact_secrets(obj.payload), limit=120)
 
     @admin.display(description=_("payload"))
     def payload_display(self, obj: RunEvent) -> SafeString:
-        return pretty_json(obj.payload)
+        return pretty_json(redact_secrets(obj.payload))

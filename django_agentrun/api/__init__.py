@@ -1,4 +1,5 @@
 """The REST API: mount `django_agentrun.api.urls` (namespace `agentrun`) in your URLconf.
 
-Every endpoint calls `services`; see `views` for the status codes.
+Every endpoint calls `services`; `views` says the status codes, `errors` the one error
+body, `schema` how the OpenAPI document (the `schema/` route) describes them.
 """

@@ -1,8 +1,9 @@
 """Request bodies (validated here, applied by `services`) and read-only representations.
 
 Nothing here saves a model. Machine-owned internals stay out of every response:
-leases, the agent config snapshot, stored approval payloads and tokens in the
-event log. A fresh approval token is shown only to users who may decide.
+leases, the agent config snapshot, stored approval payloads, and in events all
+but their type's public keys (`django_agentrun.events.public_payload`). A fresh
+approval token is shown only to users who may decide.
 """
 
 from __future__ import annotations
@@ -19,14 +20,14 @@ from rest_framework import serializers
 
 from .. import services
 from ..agents import registered_agents
+from ..events import public_payload
 from ..models import Run, RunEvent, ToolCall, Turn
 from ..states import RunState, ToolCallState, TurnState
+from .parsers import text_problem
 from .permissions import can_decide
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 PENDING_STATES = (ToolCallState.AWAITING_APPROVAL, ToolCallState.UNKNOWN)
-# Keys removed from event payloads wherever they are nested (approval tokens).
-REDACTED_PAYLOAD_KEYS = frozenset({"token"})
 
 
 class StateField(serializers.CharField):
@@ -55,10 +56,40 @@ class StateFieldExtension(OpenApiSerializerFieldExtension):
 
 
 class ErrorSerializer(serializers.Serializer):
-    """The body of every refusal raised by the services."""
+    """The body of every error the API answers (see `api.errors`)."""
 
-    code = serializers.CharField(help_text="Stable error code, e.g. `run_not_active`.")
-    detail = serializers.CharField()
+    code = serializers.CharField(help_text="Stable error code, e.g. `not_found`, `invalid`.")
+    detail = serializers.CharField(help_text="What went wrong, for people.")
+    errors = serializers.DictField(
+        child=serializers.ListField(child=serializers.CharField()),
+        required=False,
+        help_text="With code `invalid`: messages per field or query parameter.",
+    )
+
+
+@extend_schema_field(OpenApiTypes.OBJECT)
+class ObjectField(serializers.JSONField):
+    """A JSON object."""
+
+    default_error_messages = {"not_an_object": "Must be a JSON object."}
+
+    def to_internal_value(self, data: Any) -> Any:
+        value = super().to_internal_value(data)
+        if not isinstance(value, dict):
+            self.fail("not_an_object")
+        return value
+
+
+@extend_schema_field(
+    {
+        "oneOf": [
+            {"type": "string", "minLength": 1},
+            {"type": "array", "minItems": 1, "items": {"type": "object"}},
+        ]
+    }
+)
+class RunInputField(serializers.JSONField):
+    """A string or a list of content blocks (checked by `services.start_run`)."""
 
 
 # --------------------------------------------------------------------------- requests
@@ -66,8 +97,8 @@ class ErrorSerializer(serializers.Serializer):
 
 class RunCreateSerializer(serializers.Serializer):
     agent = serializers.CharField(max_length=200, help_text="The name of a registered agent.")
-    input = serializers.JSONField(help_text="A non-empty string or a list of content blocks.")
-    metadata = serializers.JSONField(required=False, help_text="A JSON object kept on the run.")
+    input = RunInputField(help_text="A non-empty string or a list of content blocks.")
+    metadata = ObjectField(required=False, help_text="A JSON object kept on the run.")
     correlation_id = serializers.CharField(max_length=200, required=False, allow_blank=True)
     deadline = serializers.DateTimeField(required=False, help_text="ISO 8601, in the future.")
     idempotency_key = serializers.CharField(
@@ -81,11 +112,6 @@ class RunCreateSerializer(serializers.Serializer):
             raise serializers.ValidationError(f"No agent named {value!r}.")
         return value
 
-    def validate_metadata(self, value: Any) -> Any:
-        if not isinstance(value, dict):
-            raise serializers.ValidationError("metadata must be a JSON object.")
-        return value
-
     def validate_deadline(self, value: Any) -> Any:
         if value <= timezone.now():
             raise serializers.ValidationError("The deadline must be in the future.")
@@ -96,8 +122,8 @@ class RunCreateSerializer(serializers.Serializer):
         header = request.headers.get(IDEMPOTENCY_HEADER) if request is not None else None
         if header is not None:
             header = header.strip()
-            if not header or len(header) > 200:
-                message = f"The {IDEMPOTENCY_HEADER} header must be 1-200 characters."
+            if not header or len(header) > 200 or text_problem(header):
+                message = f"The {IDEMPOTENCY_HEADER} header must be 1-200 characters (no NUL)."
                 raise serializers.ValidationError({"idempotency_key": message})
             body = attrs.get("idempotency_key")
             if body is not None and body != header:
@@ -112,31 +138,32 @@ class CancelSerializer(serializers.Serializer):
     reason = serializers.CharField(required=False, allow_blank=True, default="")
 
 
+TOKEN_HELP = (
+    "The call's approval token (from the run's `pending_decisions` or `/tool-calls/pending/`): "
+    "a decision on a call that changed since is refused (409 `invalid_token`)."
+)
+
+
 class ApproveSerializer(serializers.Serializer):
-    token = serializers.CharField(help_text="The call's approval token (from the run or pending).")
+    token = serializers.CharField(help_text=TOKEN_HELP)
     note = serializers.CharField(required=False, allow_blank=True, default="")
-    arguments = serializers.JSONField(
+    arguments = ObjectField(
         required=False, help_text="Edited arguments, re-validated against the tool's schema."
     )
 
-    def validate_arguments(self, value: Any) -> Any:
-        if not isinstance(value, dict):
-            raise serializers.ValidationError("The arguments must be a JSON object.")
-        return value
-
 
 class RejectSerializer(serializers.Serializer):
+    token = serializers.CharField(help_text=TOKEN_HELP)
     reason = serializers.CharField(help_text="Told to the model as the tool's error result.")
-    token = serializers.CharField(required=False)
 
 
 class ResolveSerializer(serializers.Serializer):
+    token = serializers.CharField(help_text=TOKEN_HELP)
     action = serializers.ChoiceField(choices=["done", "retry", "fail"])
     result = serializers.JSONField(
         required=False, help_text="The tool's result; required with action `done`."
     )
     note = serializers.CharField(required=False, allow_blank=True, default="")
-    token = serializers.CharField(required=False)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if attrs["action"] == "done" and attrs.get("result") is None:
@@ -348,16 +375,10 @@ class RunDetailSerializer(RunSerializer):
         return PendingDecisionSerializer(calls, many=True, context=self.context).data
 
 
-def redact(payload: Any) -> Any:
-    if isinstance(payload, dict):
-        return {k: redact(v) for k, v in payload.items() if k not in REDACTED_PAYLOAD_KEYS}
-    if isinstance(payload, list):
-        return [redact(v) for v in payload]
-    return payload
-
-
 class RunEventSerializer(serializers.ModelSerializer):
-    payload = serializers.SerializerMethodField()
+    payload = serializers.SerializerMethodField(
+        help_text="The keys of this event type the run detail would show too."
+    )
 
     class Meta:
         model = RunEvent
@@ -366,7 +387,7 @@ class RunEventSerializer(serializers.ModelSerializer):
 
     @extend_schema_field(OpenApiTypes.OBJECT)
     def get_payload(self, event: RunEvent) -> Any:
-        return redact(event.payload)
+        return public_payload(event.type, event.payload)
 
 
 class RunEventPageSerializer(serializers.Serializer):

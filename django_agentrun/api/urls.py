@@ -1,10 +1,12 @@
-"""The API's routes, namespaced `agentrun` (e.g. `agentrun:run-detail`, `agentrun:toolcall-approve`)."""
+"""The API's routes, namespaced `agentrun` (e.g. `agentrun:run-detail`,
+`agentrun:toolcall-approve`, `agentrun:schema` for its OpenAPI document)."""
 
 from __future__ import annotations
 
+from django.urls import path
 from rest_framework.routers import SimpleRouter
 
-from .views import RunViewSet, ToolCallViewSet
+from .views import RunViewSet, SchemaView, ToolCallViewSet
 
 app_name = "agentrun"
 
@@ -12,4 +14,7 @@ router = SimpleRouter()
 router.register("runs", RunViewSet, basename="run")
 router.register("tool-calls", ToolCallViewSet, basename="toolcall")
 
-urlpatterns = router.urls
+urlpatterns = [
+    *router.urls,
+    path("schema/", SchemaView.as_view(), name="schema"),
+]

@@ -1,114 +1,67 @@
 """DRF endpoints for runs and tool-call decisions: a few lines each around `services`.
 
-Status codes: a run or call the user may not see is 404; a missing permission on
-something they can see is 403; a bad body is 400 with field errors; a refusal
-from the services is mapped by class (`ERROR_STATUS`) to a body
-`{"code": ..., "detail": ...}`. An approval token that does not match the call
-(stale after an edit, or forged) is 409 `invalid_token`: reload the call and its
-fresh token, as for any other conflict with the call's current state.
+Status codes: a run or call the user may not see is 404 (so is an id of the wrong
+form); a missing permission on something they can see is 403; a bad body or query
+parameter is 400; a refusal from the services is mapped by class (`ERROR_STATUS`).
+Every error body is `{"code": ..., "detail": ...}` (`api.errors`). An approval token
+that does not match the call (stale after an edit, or forged) is 409
+`invalid_token`: reload the call and its fresh token, as for any other conflict
+with the call's current state.
 """
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from django.db.models import Prefetch, QuerySet
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.renderers import (
+    OpenApiJsonRenderer,
+    OpenApiJsonRenderer2,
+    OpenApiYamlRenderer,
+    OpenApiYamlRenderer2,
+)
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
+from drf_spectacular.views import SpectacularAPIView
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import ValidationError
-from rest_framework.pagination import CursorPagination
-from rest_framework.parsers import JSONParser
+from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.permissions import IsAuthenticated
+from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.settings import api_settings
-from rest_framework.views import exception_handler as drf_exception_handler
-from rest_framework.views import set_rollback
 
 from .. import services
-from ..exceptions import (
-    AgentRunError,
-    ApprovalError,
-    ConcurrentUpdate,
-    IdempotencyConflict,
-    InvalidArguments,
-    InvalidInput,
-    InvalidToken,
-    InvalidTransition,
-    UnknownAgent,
-)
+from ..exceptions import InvalidInput, UnknownAgent
 from ..models import Run, ToolCall, Turn
 from ..states import RunState
 from . import serializers as s
+from .base import AgentRunAPIView, FormatNegotiation
+from .errors import ERROR_STATUS, exception_handler, status_for
+from .pagination import PendingPagination, RunPagination
+from .params import int_param, text_param
 from .permissions import CanCancelRun, CanDecideToolCalls, visible_runs, visible_tool_calls
+from .schema import operation
 
-# Looked up along the exception's MRO, so a subclass inherits its parent's status.
-# Errors not listed (LeaseLost, ConfigurationError...) are server faults: a logged 500.
-ERROR_STATUS: dict[type[AgentRunError], int] = {
-    InvalidInput: status.HTTP_400_BAD_REQUEST,
-    UnknownAgent: status.HTTP_400_BAD_REQUEST,
-    InvalidArguments: status.HTTP_400_BAD_REQUEST,
-    InvalidToken: status.HTTP_409_CONFLICT,
-    ApprovalError: status.HTTP_409_CONFLICT,
-    InvalidTransition: status.HTTP_409_CONFLICT,
-    ConcurrentUpdate: status.HTTP_409_CONFLICT,
-    IdempotencyConflict: status.HTTP_409_CONFLICT,
-}
+__all__ = ["ERROR_STATUS", "RunViewSet", "SchemaView", "ToolCallViewSet", "status_for"]
 
 EVENTS_PAGE_SIZE = 100
 EVENTS_MAX_PAGE_SIZE = 500
+# RunEvent.seq is a PositiveIntegerField: an `after` past this matches nothing anyway.
+MAX_SEQ = 2**31 - 1
+# A tool call id beyond a bigint cannot exist.
+MAX_ID = 2**63 - 1
+# Any single path segment reaches the view, which answers 404 for ids of the wrong
+# form; a stricter regex would leave them to Django's HTML 404 page.
+ANY_ID = "[^/]+"
 
-
-def status_for(exc: AgentRunError) -> int | None:
-    for cls in type(exc).__mro__:
-        if cls in ERROR_STATUS:
-            return ERROR_STATUS[cls]
-    return None
-
-
-def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
-    """Map AgentRunError subclasses to statuses; everything else goes to the project's handler."""
-    if isinstance(exc, AgentRunError):
-        code = status_for(exc)
-        if code is not None:
-            set_rollback()
-            return Response({"code": exc.code, "detail": str(exc)}, status=code)
-    fallback = api_settings.EXCEPTION_HANDLER
-    if fallback is exception_handler:  # the project installed this one globally
-        fallback = drf_exception_handler
-    return fallback(exc, context)
-
-
-def _errors(*codes: int) -> dict[int, OpenApiResponse]:
-    return {code: OpenApiResponse(s.ErrorSerializer) for code in codes}
-
-
-class _AgentRunAPI:
-    """Shared settings: JSON bodies, authenticated users, the error mapping."""
-
-    parser_classes = [JSONParser]
-
-    def get_exception_handler(self):
-        return exception_handler
-
-
-class RunPagination(CursorPagination):
-    """Newest first; a cursor stays stable while new runs are created."""
-
-    page_size = 50
-    max_page_size = 200
-    page_size_query_param = "page_size"
-    ordering = "-created_at"
-
-
-class PendingPagination(CursorPagination):
-    """Oldest first: the queue of decisions."""
-
-    page_size = 50
-    max_page_size = 200
-    page_size_query_param = "page_size"
-    ordering = "created_at"
+RUN_CONFLICTS = "The run's state does not allow it (`invalid_transition`, `run_not_active`)."
+DECISION_CONFLICTS = (
+    "The call is no longer waiting for this decision (`approval_error`), or the token is "
+    "stale or forged (`invalid_token`)."
+)
 
 
 def _detail_queryset(qs: QuerySet[Run]) -> QuerySet[Run]:
@@ -118,7 +71,7 @@ def _detail_queryset(qs: QuerySet[Run]) -> QuerySet[Run]:
 
 
 class RunViewSet(
-    _AgentRunAPI,
+    AgentRunAPIView,
     mixins.ListModelMixin,
     mixins.RetrieveModelMixin,
     viewsets.GenericViewSet,
@@ -128,7 +81,8 @@ class RunViewSet(
     permission_classes = [IsAuthenticated]
     pagination_class = RunPagination
     serializer_class = s.RunSerializer
-    lookup_value_regex = "[0-9a-fA-F-]{32,36}"
+    lookup_value_regex = ANY_ID
+    id_type = OpenApiTypes.UUID
 
     def get_queryset(self) -> QuerySet[Run]:
         qs = visible_runs(self.request.user)
@@ -138,15 +92,26 @@ class RunViewSet(
             return _detail_queryset(qs)
         return qs
 
+    def get_object(self) -> Run:
+        try:
+            pk = uuid.UUID(self.kwargs["pk"])
+        except ValueError:
+            raise NotFound("No such run.") from None
+        run = self.get_queryset().filter(pk=pk).first()
+        if run is None:
+            raise NotFound("No such run.")
+        self.check_object_permissions(self.request, run)
+        return run
+
     def get_serializer_class(self):
         if self.action == "list":
             return s.RunSerializer
         return s.RunDetailSerializer
 
     def _filtered(self, qs: QuerySet[Run]) -> QuerySet[Run]:
-        params = self.request.query_params
-        if params.get("state"):
-            states = [v for v in params["state"].split(",") if v]
+        state = text_param(self.request, "state")
+        if state:
+            states = [v for v in state.split(",") if v]
             unknown = sorted(set(states) - set(RunState.values))
             if unknown:
                 choices = ", ".join(RunState.values)
@@ -154,43 +119,43 @@ class RunViewSet(
                     {"state": [f"Unknown state {unknown[0]!r}; one of {choices}."]}
                 )
             qs = qs.filter(state__in=states)
-        if params.get("agent"):
-            qs = qs.filter(agent=params["agent"])
+        agent = text_param(self.request, "agent")
+        if agent:
+            qs = qs.filter(agent=agent)
         return qs
 
     def _detail(self, run: Run, code: int = status.HTTP_200_OK) -> Response:
         fresh = _detail_queryset(Run.objects.filter(pk=run.pk)).get()
         return Response(self.get_serializer(fresh).data, status=code)
 
-    @extend_schema(
+    @operation(
         summary="List runs",
-        parameters=[
+        parameters=(
             OpenApiParameter(
                 "state", str, description="Comma-separated states, e.g. `failed,cancelled`."
             ),
             OpenApiParameter("agent", str, description="An agent name."),
-        ],
-        responses={200: s.RunSerializer(many=True), 400: OpenApiResponse(description="Bad filter")},
+        ),
+        responses={200: s.RunSerializer(many=True)},
     )
     def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         return super().list(request, *args, **kwargs)
 
-    @extend_schema(
+    @operation(
         summary="Start a run",
         description=(
             "Creates a queued run owned by the caller and enqueues it. With an idempotency key "
             "(body or `Idempotency-Key` header) a repeated request returns the first run (200)."
         ),
         request=s.RunCreateSerializer,
-        parameters=[
-            OpenApiParameter(s.IDEMPOTENCY_HEADER, str, OpenApiParameter.HEADER, required=False)
-        ],
+        parameters=(
+            OpenApiParameter(s.IDEMPOTENCY_HEADER, str, OpenApiParameter.HEADER, required=False),
+        ),
         responses={
             201: s.RunDetailSerializer,
             200: OpenApiResponse(s.RunDetailSerializer, description="Same idempotency key."),
-            400: OpenApiResponse(description="Field errors"),
-            **_errors(409),
         },
+        errors={409: "The idempotency key was used with another agent or input."},
     )
     def create(self, request: Request) -> Response:
         body = s.RunCreateSerializer(data=request.data, context={"request": request})
@@ -217,28 +182,39 @@ class RunViewSet(
             raise ValidationError({"input": [str(exc)]}) from exc
         return self._detail(run, status.HTTP_200_OK if existed else status.HTTP_201_CREATED)
 
-    @extend_schema(summary="A run with its turns and tool calls", responses=s.RunDetailSerializer)
+    @operation(
+        summary="A run with its turns and tool calls",
+        responses={200: s.RunDetailSerializer},
+    )
     def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         return super().retrieve(request, *args, **kwargs)
 
-    @extend_schema(
+    @operation(
         summary="A run's events, oldest first",
-        parameters=[
-            OpenApiParameter("after", int, description="Only events with a greater seq."),
+        description=(
+            "Each event's payload holds only the keys of its type that the run detail shows "
+            "too (no configuration snapshot, worker identities, lease epochs or tokens)."
+        ),
+        parameters=(
+            OpenApiParameter(
+                "after",
+                {"type": "integer", "minimum": 0, "maximum": MAX_SEQ},
+                description="Only events with a greater seq.",
+            ),
             OpenApiParameter(
                 "limit",
-                int,
+                {"type": "integer", "minimum": 1},
                 description=f"Page size (default {EVENTS_PAGE_SIZE}, "
                 f"at most {EVENTS_MAX_PAGE_SIZE}).",
             ),
-        ],
-        responses={200: s.RunEventPageSerializer, 400: OpenApiResponse(description="Bad cursor")},
+        ),
+        responses={200: s.RunEventPageSerializer},
     )
     @action(detail=True, methods=["get"])
     def events(self, request: Request, pk: str | None = None) -> Response:
         run = self.get_object()
-        after = _int_param(request, "after", 0, minimum=0)
-        limit = _int_param(request, "limit", EVENTS_PAGE_SIZE, minimum=1)
+        after = int_param(request, "after", 0, minimum=0, maximum=MAX_SEQ)
+        limit = int_param(request, "limit", EVENTS_PAGE_SIZE, minimum=1)
         limit = min(limit, EVENTS_MAX_PAGE_SIZE)
         rows = list(run.events.filter(seq__gt=after).order_by("seq")[: limit + 1])
         more, rows = len(rows) > limit, rows[:limit]
@@ -254,14 +230,16 @@ class RunViewSet(
         }
         return Response(page)
 
-    @extend_schema(
+    @operation(
         summary="Cancel a run",
         description=(
             "Applied at once when no worker holds the run; otherwise `cancel.requested_at` is "
-            "set and the worker stops within about a second. Cancelling twice is a no-op."
+            "set and the worker stops within about a second. Cancelling twice is a no-op. "
+            "The run's owner, or a user with `agentrun.cancel_run`."
         ),
         request=s.CancelSerializer,
-        responses={200: s.RunDetailSerializer, **_errors(403, 409)},
+        responses={200: s.RunDetailSerializer},
+        errors={409: RUN_CONFLICTS},
     )
     @action(detail=True, methods=["post"], permission_classes=[IsAuthenticated, CanCancelRun])
     def cancel(self, request: Request, pk: str | None = None) -> Response:
@@ -271,49 +249,48 @@ class RunViewSet(
         run = services.cancel_run(run, by=request.user, reason=body.validated_data["reason"])
         return self._detail(run)
 
-    @extend_schema(
+    @operation(
         summary="Resume a failed, cancelled or timed-out run",
-        request=None,
-        responses={200: s.RunDetailSerializer, **_errors(403, 409)},
+        description="The run's owner, or a user with `agentrun.cancel_run`. Takes no body.",
+        responses={200: s.RunDetailSerializer},
+        errors={409: RUN_CONFLICTS},
     )
     @action(detail=True, methods=["post"], permission_classes=[IsAuthenticated, CanCancelRun])
     def resume(self, request: Request, pk: str | None = None) -> Response:
-        run = services.resume_run(self.get_object(), by=request.user)
-        return self._detail(run)
+        run = self.get_object()
+        _ = request.data  # parsed though unused: a malformed body is a 400, as on every POST
+        return self._detail(services.resume_run(run, by=request.user))
 
 
-def _int_param(request: Request, name: str, default: int, *, minimum: int) -> int:
-    raw = request.query_params.get(name)
-    if raw in (None, ""):
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = minimum - 1
-    if value < minimum:
-        raise ValidationError({name: [f"Must be an integer >= {minimum}."]})
-    return value
-
-
-class ToolCallViewSet(_AgentRunAPI, viewsets.GenericViewSet):
+class ToolCallViewSet(AgentRunAPIView, viewsets.GenericViewSet):
     """Decisions on tool calls waiting for a person (needs `agentrun.approve_toolcall`)."""
 
     permission_classes = [IsAuthenticated, CanDecideToolCalls]
     serializer_class = s.PendingDecisionSerializer
     pagination_class = PendingPagination
-    lookup_value_regex = r"\d+"
+    lookup_value_regex = ANY_ID
+    id_type = {"type": "integer", "minimum": 1, "maximum": MAX_ID}
 
     def get_queryset(self) -> QuerySet[ToolCall]:
         return visible_tool_calls(self.request.user).select_related("run")
+
+    def get_object(self) -> ToolCall:
+        raw = self.kwargs["pk"]
+        pk = int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 19 else 0
+        call = self.get_queryset().filter(pk=pk).first() if 0 < pk <= MAX_ID else None
+        if call is None:
+            raise NotFound("No such tool call.")
+        self.check_object_permissions(self.request, call)
+        return call
 
     def _decided(self, call: ToolCall) -> Response:
         fresh = ToolCall.objects.select_related("run").get(pk=call.pk)
         return Response(s.DecisionResultSerializer(fresh).data)
 
-    @extend_schema(
+    @operation(
         summary="Tool calls waiting for a decision",
         description="Approvals and unknown outcomes in the runs the user can see, oldest first.",
-        responses={200: s.PendingDecisionSerializer(many=True), **_errors(403)},
+        responses={200: s.PendingDecisionSerializer(many=True)},
     )
     @action(detail=False, methods=["get"])
     def pending(self, request: Request) -> Response:
@@ -321,13 +298,14 @@ class ToolCallViewSet(_AgentRunAPI, viewsets.GenericViewSet):
         page = self.paginate_queryset(qs)
         return self.get_paginated_response(self.get_serializer(page, many=True).data)
 
-    @extend_schema(
+    @operation(
         summary="Approve a call (optionally with edited arguments)",
         request=s.ApproveSerializer,
-        responses={
-            200: s.DecisionResultSerializer,
-            400: OpenApiResponse(description="Field errors, or `invalid_arguments`"),
-            **_errors(403, 409),
+        responses={200: s.DecisionResultSerializer},
+        errors={
+            400: "Malformed JSON (`parse_error`), field errors (`invalid`), or edited "
+            "arguments that fail the tool's schema (`invalid_arguments`).",
+            409: DECISION_CONFLICTS,
         },
     )
     @action(detail=True, methods=["post"])
@@ -347,10 +325,11 @@ class ToolCallViewSet(_AgentRunAPI, viewsets.GenericViewSet):
         )
         return self._decided(call)
 
-    @extend_schema(
+    @operation(
         summary="Reject a call; the model is told why",
         request=s.RejectSerializer,
-        responses={200: s.DecisionResultSerializer, **_errors(403, 409)},
+        responses={200: s.DecisionResultSerializer},
+        errors={409: DECISION_CONFLICTS},
     )
     @action(detail=True, methods=["post"])
     def reject(self, request: Request, pk: str | None = None) -> Response:
@@ -358,15 +337,14 @@ class ToolCallViewSet(_AgentRunAPI, viewsets.GenericViewSet):
         body = s.RejectSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         data = body.validated_data
-        services.reject_tool_call(
-            call, by=request.user, reason=data["reason"], token=data.get("token")
-        )
+        services.reject_tool_call(call, by=request.user, reason=data["reason"], token=data["token"])
         return self._decided(call)
 
-    @extend_schema(
+    @operation(
         summary="Settle a call whose outcome is unknown",
         request=s.ResolveSerializer,
-        responses={200: s.DecisionResultSerializer, **_errors(403, 409)},
+        responses={200: s.DecisionResultSerializer},
+        errors={409: DECISION_CONFLICTS},
     )
     @action(detail=True, methods=["post"])
     def resolve(self, request: Request, pk: str | None = None) -> Response:
@@ -380,6 +358,41 @@ class ToolCallViewSet(_AgentRunAPI, viewsets.GenericViewSet):
             action=data["action"],
             result=data.get("result"),
             note=data["note"],
-            token=data.get("token"),
+            token=data["token"],
         )
         return self._decided(call)
+
+
+class SchemaView(SpectacularAPIView):
+    """The OpenAPI document of this API alone (JSON; YAML with `?format=yaml`), for the
+    same users as the API itself. Needs no REST_FRAMEWORK or SPECTACULAR_SETTINGS and
+    no `drf_spectacular` in INSTALLED_APPS."""
+
+    schema = None  # not an operation of the document it serves
+    content_negotiation_class = FormatNegotiation
+    # JSON first (application/json), then the OpenAPI media types and YAML.
+    renderer_classes = [
+        OpenApiJsonRenderer2,
+        OpenApiJsonRenderer,
+        OpenApiYamlRenderer,
+        OpenApiYamlRenderer2,
+    ]
+    authentication_classes = api_settings.DEFAULT_AUTHENTICATION_CLASSES
+    permission_classes = [IsAuthenticated]
+    custom_settings = {
+        "TITLE": "django-agentrun",
+        "DESCRIPTION": "Runs, their events, and decisions on tool calls.",
+        "VERSION": "1",
+        "PREPROCESSING_HOOKS": ["django_agentrun.api.base.this_api_only"],
+        "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums"],
+    }
+
+    def get_exception_handler(self) -> Any:
+        return exception_handler
+
+    def handle_exception(self, exc: Exception) -> Response:
+        response = super().handle_exception(exc)
+        # An error is JSON like every other error of the API, not an OpenAPI document.
+        self.request.accepted_renderer = JSONRenderer()
+        self.request.accepted_media_type = JSONRenderer.media_type
+        return response

@@ -173,7 +173,7 @@ def test_create__idempotency_key_in_body_or_header(api, alice, bob):
     differ = client.post(
         RUNS, {**plain, "idempotency_key": "k3"}, format="json", HTTP_IDEMPOTENCY_KEY="k2"
     )
-    assert differ.status_code == 400 and "idempotency_key" in differ.data
+    assert differ.status_code == 400 and "idempotency_key" in differ.data["errors"]
     # Keys are per owner: bob's k1 is another run.
     assert api(bob).post(RUNS, body, format="json").status_code == 201
     assert Run.objects.count() == 3
@@ -227,7 +227,8 @@ def test_create__same_key_other_input_is_409(api, alice):
 def test_create__bad_body_is_400_with_a_field_error(api, alice, body, field, message):
     response = api(alice).post(RUNS, body, format="json")
     assert response.status_code == 400, response.data
-    assert message in " ".join(str(e) for e in response.data[field]), response.data
+    assert response.data["code"] == "invalid", response.data
+    assert message in " ".join(response.data["errors"][field]), response.data
     assert not Run.objects.exists()
 
 
@@ -238,7 +239,7 @@ def test_create__bad_json_and_blank_header_are_400(api, alice):
     blank = client.post(
         RUNS, {"agent": "test-agent", "input": "x"}, format="json", HTTP_IDEMPOTENCY_KEY=" "
     )
-    assert blank.status_code == 400 and "idempotency_key" in blank.data
+    assert blank.status_code == 400 and "idempotency_key" in blank.data["errors"]
     assert not Run.objects.exists()
 
 
@@ -287,7 +288,7 @@ def test_list__only_own_runs_newest_first_with_filters(
     several = client.get(RUNS, {"state": "cancelled,queued", "agent": "test-agent"}).data["results"]
     assert len(several) == 3
     bad = client.get(RUNS, {"state": "exploded"})
-    assert bad.status_code == 400 and "exploded" in str(bad.data["state"])
+    assert bad.status_code == 400 and "exploded" in str(bad.data["errors"]["state"])
 
 
 def test_list__cursor_pages(api, alice):
@@ -508,7 +509,7 @@ def test_approve__then_the_run_continues_and_finishes(api, decider, park):
     call.refresh_from_db()
     assert (call.state, call.result) == (ToolCallState.SUCCEEDED, "deleted bob")
     # Approving a call that moved on: 409, not waiting.
-    late = client.post(call_url(call, "reject"), {"reason": "late"}, format="json")
+    late = client.post(call_url(call, "reject"), {"reason": "late", "token": token}, format="json")
     assert late.status_code == 409 and late.data["code"] == "approval_error"
 
 
@@ -517,7 +518,7 @@ def test_approve__token_is_required_and_checked(api, decider, park):
     client = api(decider)
     before = snapshot(call)
     missing = client.post(call_url(call, "approve"), {}, format="json")
-    assert missing.status_code == 400 and "token" in missing.data
+    assert missing.status_code == 400 and "token" in missing.data["errors"]
     token = services.approval_token(call)
     stale = services.approval_token(ToolCall(pk=call.pk, arguments_hash="0" * 64))
     for bad in (token[:-2] + ("AA" if not token.endswith("AA") else "BB"), stale, "junk"):
@@ -570,6 +571,8 @@ def test_approve__edited_arguments_are_recorded(api, decider, park):
 def test_reject__with_a_reason_then_the_run_finishes(api, decider, park):
     run, call, model = park(decider)
     client = api(decider)
+    no_token = client.post(call_url(call, "reject"), {"reason": "no"}, format="json")
+    assert no_token.status_code == 400 and "token" in no_token.data["errors"]
     assert client.post(call_url(call, "reject"), {}, format="json").status_code == 400
     response = client.post(
         call_url(call, "reject"),
@@ -587,15 +590,25 @@ def test_resolve__unknown_call_marked_done(api, decider, unknown):
     run, call, model = unknown(decider)
     client = api(decider)
     before = snapshot(call)
-    no_result = client.post(call_url(call, "resolve"), {"action": "done"}, format="json")
-    assert no_result.status_code == 400 and "result" in no_result.data
-    bad_action = client.post(call_url(call, "resolve"), {"action": "maybe"}, format="json")
-    assert bad_action.status_code == 400 and "action" in bad_action.data
+    token = services.approval_token(call)
+    no_result = client.post(
+        call_url(call, "resolve"), {"action": "done", "token": token}, format="json"
+    )
+    assert no_result.status_code == 400 and "result" in no_result.data["errors"]
+    bad_action = client.post(
+        call_url(call, "resolve"), {"action": "maybe", "token": token}, format="json"
+    )
+    assert bad_action.status_code == 400 and "action" in bad_action.data["errors"]
     assert snapshot(call) == before
 
     response = client.post(
         call_url(call, "resolve"),
-        {"action": "done", "result": {"charge_id": "ch_1"}, "note": "seen in Stripe"},
+        {
+            "action": "done",
+            "result": {"charge_id": "ch_1"},
+            "note": "seen in Stripe",
+            "token": token,
+        },
         format="json",
     )
     assert response.status_code == 200, response.data
@@ -603,8 +616,25 @@ def test_resolve__unknown_call_marked_done(api, decider, unknown):
     assert response.data["run_state"] == "awaiting_tool"
     assert drive_last(run, model) == Outcome.FINISHED
     assert run.state == RunState.COMPLETED
-    again = client.post(call_url(call, "resolve"), {"action": "fail"}, format="json")
+    again = client.post(
+        call_url(call, "resolve"), {"action": "fail", "token": token}, format="json"
+    )
     assert again.status_code == 409 and "not unknown" in again.data["detail"]
+
+
+def test_resolve__token_is_required_and_checked(api, decider, unknown):
+    _, call, _ = unknown(decider)
+    client = api(decider)
+    before = snapshot(call)
+    missing = client.post(call_url(call, "resolve"), {"action": "fail"}, format="json")
+    assert missing.status_code == 400 and "token" in missing.data["errors"]
+    stale = services.approval_token(ToolCall(pk=call.pk, arguments_hash="0" * 64))
+    for bad in (stale, "junk"):
+        response = client.post(
+            call_url(call, "resolve"), {"action": "fail", "token": bad}, format="json"
+        )
+        assert response.status_code == 409 and response.data["code"] == "invalid_token"
+    assert snapshot(call) == before
 
 
 def test_resolve__retry_runs_the_tool_once_more(api, decider, unknown):

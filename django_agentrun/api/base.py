@@ -1,0 +1,64 @@
+"""What every view of the API carries itself, whatever the host's REST_FRAMEWORK says:
+its parser, renderers, error handler and schema class."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.apps import apps
+from rest_framework.exceptions import NotAcceptable
+from rest_framework.negotiation import DefaultContentNegotiation
+from rest_framework.renderers import BaseRenderer, BrowsableAPIRenderer, JSONRenderer
+from rest_framework.settings import api_settings
+
+from .errors import exception_handler
+from .parsers import StrictJSONParser
+from .schema import AgentRunSchema
+
+
+def api_renderers() -> list[BaseRenderer]:
+    """JSON always; the browsable API when its templates and static files are there
+    (`rest_framework` installed) and the host has not turned it off in its defaults."""
+    renderers: list[BaseRenderer] = [JSONRenderer()]
+    browsable = any(
+        issubclass(cls, BrowsableAPIRenderer) for cls in api_settings.DEFAULT_RENDERER_CLASSES
+    )
+    if browsable and apps.is_installed("rest_framework"):
+        renderers.append(BrowsableAPIRenderer())
+    return renderers
+
+
+class FormatNegotiation(DefaultContentNegotiation):
+    """An unknown `?format=` is a 406 like an unknown Accept header (DRF: a bare 404)."""
+
+    def filter_renderers(self, renderers: list[BaseRenderer], format: str) -> list[BaseRenderer]:
+        kept = [renderer for renderer in renderers if renderer.format == format]
+        if not kept:
+            formats = ", ".join(sorted({str(r.format) for r in renderers}))
+            raise NotAcceptable(f"Unknown format {format!r}; one of {formats}.")
+        return kept
+
+
+class AgentRunAPIView:
+    """Mixin of the API's views (and only theirs: the schema lists exactly these)."""
+
+    parser_classes = [StrictJSONParser]
+    content_negotiation_class = FormatNegotiation
+    # The host's default filter backends would filter (and reorder) these querysets.
+    filter_backends: list[Any] = []
+    schema = AgentRunSchema()
+
+    def get_renderers(self) -> list[BaseRenderer]:
+        return api_renderers()
+
+    def get_exception_handler(self) -> Any:
+        return exception_handler
+
+
+def this_api_only(endpoints: list[tuple[Any, ...]], **kwargs: Any) -> list[tuple[Any, ...]]:
+    """drf-spectacular preprocessing hook: keep the endpoints of this API, wherever mounted."""
+    return [
+        (path, regex, method, callback)
+        for path, regex, method, callback in endpoints
+        if issubclass(getattr(callback, "cls", object), AgentRunAPIView)
+    ]

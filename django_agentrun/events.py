@@ -1,0 +1,181 @@
+"""The event types a run's history holds, and what of their payloads may be shown.
+
+The engine and the services write `RunEvent` payloads for the projection and for
+people who debug a run in the admin: they hold the agent's configuration snapshot,
+worker identities, lease epochs, approval tokens and idempotency keys. The API shows
+a run's owner only what the run detail shows, so each type lists the payload keys
+that are public (`ALLOWLIST`); everything else is dropped. A type without an entry
+(a new event nobody listed yet) shows only `SAFE_KEYS`: it fails closed.
+
+The admin shows whole payloads to staff, except approval tokens (`redact_secrets`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Union
+
+from django.db import models
+
+
+class EventType(models.TextChoices):
+    RUN_CREATED = "run_created", "Run created"
+    """A queued run: its agent, input, metadata and the agent's configuration snapshot."""
+    RUN_STARTED = "run_started", "Run started"
+    """A worker took the queued run (the payload names the worker)."""
+    CANCEL_REQUESTED = "cancel_requested", "Cancel requested"
+    """Someone asked to cancel the run; the lease holder stops at its next heartbeat."""
+    RUN_CANCELLED = "run_cancelled", "Run cancelled"
+    """The run ended cancelled; open tool calls got cancelled results."""
+    RUN_TIMED_OUT = "run_timed_out", "Run timed out"
+    """The run's or an approval's deadline passed."""
+    RUN_RESUMED = "run_resumed", "Run resumed"
+    """A failed, cancelled or timed-out run was queued again."""
+    RUN_FAILED = "run_failed", "Run failed"
+    """The run failed, with an error code, message, phase and last checkpoint."""
+    RUN_COMPLETED = "run_completed", "Run completed"
+    """The run completed, with its output, stop reason and usage totals."""
+    RUN_CONTINUED = "run_continued", "Run continued"
+    """A turn closed (or a decision was made) and the run goes on."""
+    RUN_PARKED = "run_parked", "Run parked"
+    """The run waits for a person (an approval or an unknown tool outcome)."""
+    RECOVERY = "recovery", "Recovery"
+    """A worker took over a run whose previous lease holder never released it."""
+    REAPER_REQUEUED = "reaper_requeued", "Re-enqueued by the reaper"
+    """The reaper sent a lost or stalled run back to the queue."""
+    TURN_STARTED = "turn_started", "Turn started"
+    """A turn began: the model is about to be asked."""
+    TURN_COMPLETED = "turn_completed", "Turn completed"
+    """The turn's response and every tool result are recorded."""
+    TURN_CANCELLED = "turn_cancelled", "Turn cancelled"
+    """The turn was closed by cancellation or a deadline."""
+    TURN_FAILED = "turn_failed", "Turn failed"
+    """The turn was closed because the run failed."""
+    MODEL_RESPONSE = "model_response", "Model response"
+    """The model's complete answer (content, stop reason, usage), recorded before any tool runs."""
+    TOOL_CALL_REQUESTED = "tool_call_requested", "Tool call requested"
+    """A tool_use block became a tool call (the write-ahead intent)."""
+    TOOL_CALL_STARTED = "tool_call_started", "Tool call started"
+    """The call went in flight: its handler may start."""
+    TOOL_CALL_FINISHED = "tool_call_finished", "Tool call finished"
+    """The call closed with its result."""
+    TOOL_CALL_RECOVERED = "tool_call_recovered", "Tool call recovered"
+    """A call found in flight after a crash is tried again under its side-effect policy."""
+    TOOL_CALL_UNKNOWN = "tool_call_unknown", "Tool call outcome unknown"
+    """A call found in flight cannot be reconciled: a person must settle it."""
+    TOOL_CALL_RESOLVED = "tool_call_resolved", "Tool call resolved"
+    """A person settled an unknown call: done, retry or fail."""
+    APPROVAL_REQUESTED = "approval_requested", "Approval requested"
+    """A call waits for a person's approval (the payload holds its approval token)."""
+    APPROVAL_DECIDED = "approval_decided", "Approval decided"
+    """A person approved (maybe with edited arguments) or rejected a call."""
+    LOOP_DETECTED = "loop_detected", "Loop detected"
+    """A repeated identical call was intercepted with an error result."""
+    BUDGET_EXCEEDED = "budget_exceeded", "Budget exceeded"
+    """The next turn could breach a budget: the run halts before sending it."""
+
+
+# A spec maps a public key to None (its whole value) or to the spec of a nested object.
+Spec = Mapping[str, Union["Spec", None]]
+
+# Identities and states, shown by the run detail for every run, turn and tool call.
+SAFE_KEYS: tuple[str, ...] = (
+    "run_state",
+    "turn_index",
+    "turn_state",
+    "tool_call_id",
+    "tool_call_state",
+)
+
+
+def _keys(*names: str, **nested: Spec) -> Spec:
+    return {**dict.fromkeys((*SAFE_KEYS, *names)), **nested}
+
+
+# The call's result and who produced it (tool_call_finished, decisions that close a call).
+_RESULT = ("result", "is_error", "source")
+_DECISION = ("decision", "by", "note")
+
+# Left out on purpose: `config` (system prompt, tool schemas, budget), `worker`
+# (host:pid), `epoch` and `attempts` of a recovery (lease internals), `token`,
+# `idempotency_key`, `arguments_hash`, and the model's `message_id`/`request_id`.
+# What stays is what the run detail shows; budget figures are in its error_message.
+ALLOWLIST: dict[str, Spec] = {
+    EventType.RUN_CREATED: _keys(
+        "agent", "input", "correlation_id", "metadata", "owner", "deadline"
+    ),
+    EventType.RUN_STARTED: _keys(),
+    EventType.CANCEL_REQUESTED: _keys("by", "reason"),
+    EventType.RUN_CANCELLED: _keys("reason"),
+    EventType.RUN_TIMED_OUT: _keys("reason"),
+    EventType.RUN_RESUMED: _keys("by", "from"),
+    EventType.RUN_FAILED: _keys("error_code", "error_message", "phase", "last_checkpoint"),
+    EventType.RUN_COMPLETED: _keys("stop_reason", "output", "usage"),
+    EventType.RUN_CONTINUED: _keys(),
+    EventType.RUN_PARKED: _keys(),
+    EventType.RECOVERY: _keys(),
+    EventType.REAPER_REQUEUED: _keys("state"),
+    EventType.TURN_STARTED: _keys("final"),
+    EventType.TURN_COMPLETED: _keys(),
+    EventType.TURN_CANCELLED: _keys(),
+    EventType.TURN_FAILED: _keys(),
+    EventType.MODEL_RESPONSE: _keys("model", "stop_reason", "content", "usage", "cost_usd"),
+    EventType.TOOL_CALL_REQUESTED: _keys("position", "name", "arguments", "side_effect"),
+    EventType.TOOL_CALL_STARTED: _keys("attempt"),
+    EventType.TOOL_CALL_FINISHED: _keys(*_RESULT),
+    EventType.TOOL_CALL_RECOVERED: _keys("policy"),
+    EventType.TOOL_CALL_UNKNOWN: _keys("reason"),
+    EventType.TOOL_CALL_RESOLVED: _keys(*_RESULT, *_DECISION),
+    EventType.APPROVAL_REQUESTED: _keys(
+        "deadline",
+        payload=dict.fromkeys(("tool", "description", "arguments", "side_effect", "run_id")),
+    ),
+    EventType.APPROVAL_DECIDED: _keys(*_RESULT, *_DECISION, "arguments"),
+    EventType.LOOP_DETECTED: _keys("name", "count"),
+    EventType.BUDGET_EXCEEDED: _keys("limit", "projected", "allowed"),
+}
+_UNLISTED: Spec = _keys()
+
+# Keys whose values are secrets wherever they are nested (approval tokens).
+SECRET_KEYS = frozenset({"token"})
+REDACTED = "[redacted]"
+
+
+def public_payload(type: str, payload: Any) -> dict[str, Any]:
+    """The part of an event's payload the API may show: its type's allowlisted keys."""
+    return _pick(ALLOWLIST.get(type, _UNLISTED), payload)
+
+
+def _pick(spec: Spec, payload: Any) -> dict[str, Any]:
+    if not isinstance(payload, Mapping):
+        return {}
+    shown: dict[str, Any] = {}
+    for key, nested in spec.items():
+        if key in payload:
+            shown[key] = payload[key] if nested is None else _pick(nested, payload[key])
+    return shown
+
+
+def redact_secrets(value: Any) -> Any:
+    """A copy of `value` with every `SECRET_KEYS` value, however deeply nested, replaced by
+    `REDACTED`. Iterative: a stored payload may nest deeper than Python's recursion limit."""
+    root: list[Any] = [None]
+    stack: list[tuple[Any, Any, Any]] = [(value, root, 0)]
+    while stack:
+        source, target, slot = stack.pop()
+        if isinstance(source, Mapping):
+            copy: dict[Any, Any] = {}
+            for key, item in source.items():
+                if key in SECRET_KEYS:
+                    copy[key] = REDACTED
+                else:
+                    copy[key] = None  # keeps the key order; filled in below
+                    stack.append((item, copy, key))
+            target[slot] = copy
+        elif isinstance(source, list):
+            items: list[Any] = [None] * len(source)
+            stack.extend((item, items, i) for i, item in enumerate(source))
+            target[slot] = items
+        else:
+            target[slot] = source
+    return root[0]
