@@ -55,7 +55,12 @@ def _is_fallback_app(app: Any) -> bool:
 
 
 def _project_package() -> str:
-    module = getattr(settings, "SETTINGS_MODULE", None) or "mysite.settings"
+    # The environment first: under override_settings, settings.SETTINGS_MODULE is None.
+    module = (
+        os.environ.get("DJANGO_SETTINGS_MODULE")
+        or getattr(settings, "SETTINGS_MODULE", None)
+        or "mysite.settings"
+    )
     return module.rpartition(".")[0] or module
 
 

@@ -56,7 +56,7 @@ def queued_messages() -> int | None:
     name = queue_name()
     try:
         with current_app.connection_for_read() as conn:
-            conn.ensure_connection(max_retries=1)
+            conn.ensure_connection(max_retries=0)
             try:
                 return int(conn.default_channel.queue_declare(queue=name, passive=True)[1])
             except ChannelError as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 
 import pytest
@@ -27,6 +28,31 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         terminalreporter.write_sep("-", "figures")
         for line in lines:
             terminalreporter.write_line(line)
+
+
+def purge_queue(queue: str) -> None:
+    """Drop the messages left in `queue` (best effort: no broker, nothing to drop)."""
+    from example_project.celery import app
+
+    try:
+        with app.connection_for_write() as conn:
+            conn.ensure_connection(max_retries=0)
+            conn.default_channel.queue_purge(queue)
+    except Exception:  # noqa: BLE001 - the queue (or the broker) may not exist
+        pass
+
+
+@pytest.fixture(autouse=True)
+def _own_queue(request, settings):
+    """Each test publishes its wake-ups to a queue of its own, emptied afterwards, so what
+    one test leaves in the broker is never another's backlog (the reaper counts it)."""
+    settings.AGENTRUN_QUEUE = f"agentrun-test-{uuid.uuid4().hex[:8]}"
+    yield
+    if any(name in request.fixturenames for name in ("transactional_db", "postgres")) or (
+        (marker := request.node.get_closest_marker("django_db")) is not None
+        and marker.kwargs.get("transaction")
+    ):
+        purge_queue(settings.AGENTRUN_QUEUE)
 
 
 @pytest.fixture(autouse=True)

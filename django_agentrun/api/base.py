@@ -3,6 +3,7 @@ its parser, renderers, error handler and schema class."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.apps import apps
@@ -16,10 +17,23 @@ from .parsers import StrictJSONParser
 from .schema import AgentRunSchema
 
 
+class StorableJSONRenderer(JSONRenderer):
+    """DRF's JSON renderer, which also renders what JSON values may hold here: text with
+    unpaired surrogates (undecodable bytes a tool returned, stored faithfully) cannot be
+    UTF-8, so such a response escapes its non-ASCII characters (`\\udcff`) instead."""
+
+    def render(self, data: Any, accepted_media_type: Any = None, renderer_context: Any = None):
+        try:
+            return super().render(data, accepted_media_type, renderer_context)
+        except UnicodeEncodeError:
+            text = json.dumps(data, cls=self.encoder_class, ensure_ascii=True, allow_nan=False)
+            return text.encode()
+
+
 def api_renderers() -> list[BaseRenderer]:
     """JSON always; the browsable API when its templates and static files are there
     (`rest_framework` installed) and the host has not turned it off in its defaults."""
-    renderers: list[BaseRenderer] = [JSONRenderer()]
+    renderers: list[BaseRenderer] = [StorableJSONRenderer()]
     browsable = any(
         issubclass(cls, BrowsableAPIRenderer) for cls in api_settings.DEFAULT_RENDERER_CLASSES
     )

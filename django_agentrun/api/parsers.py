@@ -1,11 +1,11 @@
-"""What the API accepts as input text: JSON bodies and query parameters every
-supported database can store.
+"""What the API accepts as input: JSON bodies and query parameters every supported
+database can store, the same way on each (docs/durability.md).
 
-Postgres `text` and `jsonb` cannot hold NUL (`\\u0000`), `jsonb` refuses unpaired
-surrogates and non-finite numbers, and Python's JSON decoder gives up on deep
-nesting with a RecursionError. SQLite takes some of these. Refusing them here
-with a 400 makes the same input behave the same on every database and keeps them
-from reaching the services as a 500.
+Inside JSON values, NUL and unpaired surrogates are stored faithfully (the storage rule
+of `django_agentrun.fields`); text columns refuse them (serializer fields and the
+services answer 400), and so do query parameters here, since they filter text columns.
+Non-finite numbers have no JSON form at all, and Python's JSON decoder gives up on deep
+nesting with a RecursionError: both are a 400 here instead of a 500 later.
 """
 
 from __future__ import annotations
@@ -42,13 +42,8 @@ def json_problem(value: Any) -> str | None:
             if depth >= MAX_JSON_DEPTH:
                 return f"JSON nested deeper than {MAX_JSON_DEPTH} levels is not accepted."
             children = item.items() if isinstance(item, dict) else enumerate(item)
-            for key, child in children:
-                if isinstance(key, str) and (problem := text_problem(key)):
-                    return problem
+            for _key, child in children:
                 stack.append((child, depth + 1))
-        elif isinstance(item, str):
-            if problem := text_problem(item):
-                return problem
         elif isinstance(item, float) and not math.isfinite(item):
             return "Numbers must be finite (1e400 is not)."
     return None

@@ -55,6 +55,21 @@ class StateFieldExtension(OpenApiSerializerFieldExtension):
         return component.ref
 
 
+def _storable(value: str) -> None:
+    problem = text_problem(value)
+    if problem is not None:
+        raise serializers.ValidationError(problem)
+
+
+class StorableCharField(serializers.CharField):
+    """A request's text field: it goes to a text column, which cannot hold NUL or unpaired
+    surrogates on every database (JSON fields can: docs/durability.md)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.validators.append(_storable)
+
+
 class ErrorSerializer(serializers.Serializer):
     """The body of every error the API answers (see `api.errors`)."""
 
@@ -96,12 +111,12 @@ class RunInputField(serializers.JSONField):
 
 
 class RunCreateSerializer(serializers.Serializer):
-    agent = serializers.CharField(max_length=200, help_text="The name of a registered agent.")
+    agent = StorableCharField(max_length=200, help_text="The name of a registered agent.")
     input = RunInputField(help_text="A non-empty string or a list of content blocks.")
     metadata = ObjectField(required=False, help_text="A JSON object kept on the run.")
-    correlation_id = serializers.CharField(max_length=200, required=False, allow_blank=True)
+    correlation_id = StorableCharField(max_length=200, required=False, allow_blank=True)
     deadline = serializers.DateTimeField(required=False, help_text="ISO 8601, in the future.")
-    idempotency_key = serializers.CharField(
+    idempotency_key = StorableCharField(
         max_length=200,
         required=False,
         help_text=f"Also accepted as the `{IDEMPOTENCY_HEADER}` header.",
@@ -135,7 +150,7 @@ class RunCreateSerializer(serializers.Serializer):
 
 
 class CancelSerializer(serializers.Serializer):
-    reason = serializers.CharField(required=False, allow_blank=True, default="")
+    reason = StorableCharField(required=False, allow_blank=True, default="")
 
 
 TOKEN_HELP = (
@@ -145,25 +160,25 @@ TOKEN_HELP = (
 
 
 class ApproveSerializer(serializers.Serializer):
-    token = serializers.CharField(help_text=TOKEN_HELP)
-    note = serializers.CharField(required=False, allow_blank=True, default="")
+    token = StorableCharField(help_text=TOKEN_HELP)
+    note = StorableCharField(required=False, allow_blank=True, default="")
     arguments = ObjectField(
         required=False, help_text="Edited arguments, re-validated against the tool's schema."
     )
 
 
 class RejectSerializer(serializers.Serializer):
-    token = serializers.CharField(help_text=TOKEN_HELP)
-    reason = serializers.CharField(help_text="Told to the model as the tool's error result.")
+    token = StorableCharField(help_text=TOKEN_HELP)
+    reason = StorableCharField(help_text="Told to the model as the tool's error result.")
 
 
 class ResolveSerializer(serializers.Serializer):
-    token = serializers.CharField(help_text=TOKEN_HELP)
+    token = StorableCharField(help_text=TOKEN_HELP)
     action = serializers.ChoiceField(choices=["done", "retry", "fail"])
     result = serializers.JSONField(
         required=False, help_text="The tool's result; required with action `done`."
     )
-    note = serializers.CharField(required=False, allow_blank=True, default="")
+    note = StorableCharField(required=False, allow_blank=True, default="")
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if attrs["action"] == "done" and attrs.get("result") is None:

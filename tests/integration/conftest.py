@@ -19,6 +19,7 @@ import pytest
 from django.db import connection
 
 from django_agentrun.testing.messages_api import MessagesAPIServer
+from tests.conftest import purge_queue
 from tests.worker_process import celery_worker_argv
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -165,7 +166,7 @@ def workers(postgres, queue, test_log, tmp_path, request, settings) -> Iterator[
     pool = Workers(postgres, queue, api, test_log, tmp_path)
     yield pool
     pool.stop_all()
-    _purge(queue)
+    purge_queue(queue)
     if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
         print(pool.logs())
 
@@ -175,16 +176,6 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     setattr(item, f"rep_{report.when}", report)
-
-
-def _purge(queue: str) -> None:
-    from example_project.celery import app
-
-    try:
-        with app.connection_for_write() as conn:
-            conn.default_channel.queue_purge(queue)
-    except Exception:  # noqa: BLE001 - the queue may not exist
-        pass
 
 
 def wait_for(

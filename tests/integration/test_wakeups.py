@@ -14,7 +14,8 @@ from django_agentrun import start_run, wakeups
 from django_agentrun.models import Run, RunEvent
 from django_agentrun.recovery import reap
 from django_agentrun.testing.messages_api import Reply, by_step, text, tool_use
-from tests.integration.conftest import _purge, wait_for
+from tests.conftest import purge_queue
+from tests.integration.conftest import wait_for
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -67,7 +68,7 @@ def test_backlog__runs_waiting_in_a_busy_queue_get_no_duplicate_wakeups(postgres
     assert _requeued() == 0
 
     # The broker lost them (a restart without persistence): each run is woken once.
-    _purge(queue)
+    purge_queue(queue)
     assert wakeups.queued_messages() == 0
     report = reap()
     assert sorted(f.run_id for f in report.findings if f.kind == "not_picked_up") == sorted(

@@ -172,9 +172,6 @@ def test_validation_errors__one_shape_with_field_errors(web):
         '{"agent": ',  # malformed
         "[" * 5000 + "]" * 5000,  # a RecursionError in Python's decoder
         "[" * (MAX_JSON_DEPTH + 1) + "]" * (MAX_JSON_DEPTH + 1),  # decodes, but too deep
-        '{"agent": "test-agent", "input": "a\\u0000b"}',  # NUL: Postgres cannot store it
-        '{"agent": "test-agent", "input": "x", "metadata": {"k\\u0000": 1}}',
-        '{"agent": "test-agent", "input": "\\ud800"}',  # an unpaired surrogate
         '{"agent": "test-agent", "input": "x", "metadata": {"n": 1e400}}',  # infinite
         '{"agent": "test-agent", "input": "x", "metadata": {"n": NaN}}',
         b'{"agent": "\xff"}',  # not UTF-8

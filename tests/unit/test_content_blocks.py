@@ -156,7 +156,7 @@ def test_input__the_api_answers_400_for_a_bad_block():
         format="json",
     )
     assert response.status_code == 400
-    assert "input[0]: bogus blocks cannot start a run" in response.json()["input"][0]
+    assert "input[0]: bogus blocks cannot start a run" in response.json()["errors"]["input"][0]
     assert not Run.objects.exists()
 
 

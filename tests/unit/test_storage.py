@@ -135,12 +135,23 @@ def test_text_columns__people_are_refused_runtime_text_is_replaced():
     assert storable_text("bad\x00 \udcff end") == "bad\ufffd \ufffd end"
 
 
-def test_api__nul_in_input_and_metadata_is_stored_faithfully():
+def test_api__nul_and_surrogates_in_json_stored_faithfully_in_text_fields_400():
     user = User.objects.create_user("nul", password="pw")
     api = APIClient()
     api.force_authenticate(user)
-    body = {"agent": "storage-agent", "input": "a\x00b", "metadata": {"k": "v\x00"}}
-    response = api.post(reverse("agentrun:run-list"), body, format="json")
+    runs = reverse("agentrun:run-list")
+    body = '{"agent": "storage-agent", "input": "a\\u0000b \\udcff", "metadata": {"k\\u0000": "v"}}'
+    response = api.post(runs, body, content_type="application/json")
     assert response.status_code == 201, response.content
     run = Run.objects.get()
-    assert run.input == "a\x00b" and run.metadata == {"k": "v\x00"}
+    assert run.input == "a\x00b \udcff" and run.metadata == {"k\x00": "v"}
+    assert response.json()["input"] == "a\x00b \udcff"  # rendered back as it was
+    for field, value in (("correlation_id", "c\\u0000"), ("correlation_id", "\\udcff")):
+        body = f'{{"agent": "storage-agent", "input": "x", "{field}": "{value}"}}'
+        response = api.post(runs, body, content_type="application/json")
+        assert response.status_code == 400, response.content
+        assert list(response.json()["errors"]) == [field]
+    cancel = reverse("agentrun:run-cancel", args=[run.pk])
+    response = api.post(cancel, '{"reason": "stop\\udcff"}', content_type="application/json")
+    assert response.status_code == 400 and list(response.json()["errors"]) == ["reason"]
+    assert Run.objects.count() == 1
