@@ -716,7 +716,7 @@ class ToolCallAdmin(_ServiceActionsMixin, admin.ModelAdmin):
 
     @admin.display(description=_("approval payload"))
     def approval_payload_display(self, obj: ToolCall) -> SafeString:
-        return pretty_json(obj.approval_payload)
+        return pretty_json(redact_secrets(obj.approval_payload))  # the form has a fresh token
 
     @admin.display(description=_("state"), ordering="state")
     def state_display(self, obj: ToolCall) -> SafeString:

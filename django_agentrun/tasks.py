@@ -37,8 +37,35 @@ def advance_run(self, run_id: str) -> str:
 
 
 @shared_task(name="django_agentrun.reap", **TASK_OPTIONS)
-def reap() -> dict:
-    """Find runs nobody is advancing and repair them (see recovery.reap)."""
+def reap() -> dict | None:
+    """Find runs nobody is advancing and repair them (see recovery.reap). None: nothing
+    to do (and Celery's per-task log lines of such a pass are dropped, see IdleReaperFilter)."""
     from .recovery import reap as reap_now
 
-    return reap_now().as_dict()
+    report = reap_now()
+    return report.as_dict() if report.findings else None
+
+
+class IdleReaperFilter(logging.Filter):
+    """The reaper runs every few seconds; Celery logs each task it receives and each that
+    succeeds at INFO. Keep the reaper's lines only for passes that did something (the
+    reaper logs each action itself): drop its "received" lines and its "succeeded" lines
+    that returned None."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        data = getattr(record, "data", None)
+        if not isinstance(data, dict) or data.get("name") != "django_agentrun.reap":
+            return True
+        if "return_value" in data:
+            return data["return_value"] != "None"
+        return "runtime" in data or record.levelno > logging.INFO
+
+
+def _quiet_idle_reaper() -> None:
+    for name in ("celery.app.trace", "celery.worker.strategy"):
+        log = logging.getLogger(name)
+        if not any(isinstance(f, IdleReaperFilter) for f in log.filters):
+            log.addFilter(IdleReaperFilter())
+
+
+_quiet_idle_reaper()
