@@ -322,6 +322,23 @@ if schema_url is not None:
     schema = client.get(schema_url)
     assert schema.status_code == 200, schema.content[:500]
 
+# A wake-up that never reaches a worker (published where nobody listens, as if the
+# broker lost it): beat's reaper finds the run unclaimed while the queue is empty and
+# wakes it again; a worker then takes it to the approval.
+from django.test import override_settings
+
+from django_agentrun import start_run
+from django_agentrun.models import RunEvent
+
+with override_settings(AGENTRUN_QUEUE="agentrun-nobody-listens"):
+    lost = start_run("support", "Order 42 arrived broken.")
+wait_for(
+    "the reaper to wake the lost run",
+    lambda: RunEvent.objects.filter(run=lost, type="reaper_requeued").exists(),
+)
+wait_for("the lost run to reach its approval", lambda: lost.__class__.objects.get(
+    pk=lost.pk).state == "awaiting_approval")
+
 print(json.dumps(client.get(f"{API}/runs/{run_id}/").json()))
 """
 
@@ -363,7 +380,8 @@ def test_fresh_project__from_the_readme_to_a_completed_run(project):
             ("refund", "succeeded"),
         ]
 
-        # Beat reaches the worker: the reaper ran (its period is one second here).
+        # Beat reaches the worker: the reaper ran (its period is one second here) and woke
+        # the lost run (idle passes leave no lines).
         wait_for(
             lambda: re.search(
                 r"Task django_agentrun\.reap\[\S+\] succeeded", processes.log("worker")
@@ -371,13 +389,14 @@ def test_fresh_project__from_the_readme_to_a_completed_run(project):
             timeout=15,
             message="a reap from beat",
         )
-        # The stand-in accepted every request: three steps, each once.
+        # The stand-in accepted every request: three steps, then the lost run's two.
         api.send_signal(signal.SIGTERM)
         api.wait(timeout=10)
         requests = [line for line in processes.log("stand-in").splitlines() if " -> " in line]
-        assert [r.split(" -> ")[1] for r in requests] == ["200"] * 3, requests
-        assert [r.split()[2] for r in requests] == ["step=0", "step=1", "step=2"]
-        assert processes.log("stand-in").rstrip().endswith("Stopped: 3 accepted, 0 refused.")
+        assert [r.split(" -> ")[1] for r in requests] == ["200"] * 5, requests
+        steps = [r.split()[2] for r in requests]
+        assert steps == ["step=0", "step=1", "step=2", "step=0", "step=1"], steps
+        assert processes.log("stand-in").rstrip().endswith("Stopped: 5 accepted, 0 refused.")
     finally:
         processes.stop()
 
