@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
+from django.db import connection
 
 from tests.integration.conftest import REDIS_URL, wait_for
 
@@ -163,20 +164,30 @@ def database() -> Iterator[str]:
     """A Postgres database of the fresh project's own, dropped afterwards."""
     if settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
         pytest.skip("needs Postgres (set DATABASE_URL)")
-    import psycopg
-
     db = settings.DATABASES["default"]
     base = (db.get("NAME") or "agentrun").removeprefix("test_")
     name = f"{base}_fresh_{uuid.uuid4().hex[:8]}"
     params = {k.lower(): db[k] for k in ("HOST", "PORT", "USER", "PASSWORD") if db.get(k)}
-    with psycopg.connect(dbname="postgres", autocommit=True, **params) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
+
+    def maintenance(*statements: str) -> None:
+        # The driver Django uses (psycopg or psycopg2), on the maintenance database.
+        conn = connection.Database.connect(dbname="postgres", **params)
+        try:
+            conn.autocommit = True
+            cursor = conn.cursor()
+            for statement in statements:
+                cursor.execute(statement)
+        finally:
+            conn.close()
+
+    maintenance(f'CREATE DATABASE "{name}"')
     try:
         yield name
     finally:
-        with psycopg.connect(dbname="postgres", autocommit=True, **params) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            conn.execute(f'DROP DATABASE IF EXISTS "test_{name}" WITH (FORCE)')
+        maintenance(
+            f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)',
+            f'DROP DATABASE IF EXISTS "test_{name}" WITH (FORCE)',
+        )
 
 
 def _redis_answers() -> bool:
