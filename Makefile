@@ -43,8 +43,9 @@ test-postgres-ssb: install
 
 # Everything on Postgres again through psycopg2 (projects on the older driver): the tests
 # make `import psycopg` fail, so Django and the app fall back to psycopg2, workers included.
+# Tests that do not touch the driver (the demo on SQLite, the fresh project's own) run once.
 test-postgres-psycopg2: install
-	AGENTRUN_TEST_PSYCOPG2=1 DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest tests -q
+	AGENTRUN_TEST_PSYCOPG2=1 DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest tests -q -m "not one_driver"
 
 # The seed's scenario with real processes; SQLite and a server-less broker unless told otherwise.
 demo: install

@@ -24,6 +24,10 @@ REDIS_URL = os.environ.get("AGENTRUN_TEST_REDIS", "redis://127.0.0.1:6379").rstr
 LEAKS = ("DATABASE_URL", "AGENTRUN_TEST_DB_NAME", "AGENTRUN_FAILPOINTS", "ANTHROPIC_API_KEY")
 
 
+# SQLite and the demo's own settings: the Postgres driver plays no part.
+pytestmark = pytest.mark.one_driver
+
+
 def _redis_answers() -> bool:
     parts = urlsplit(REDIS_URL)
     try:

@@ -35,7 +35,7 @@ from tests.integration.conftest import REDIS_URL, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120), pytest.mark.one_driver]
 
 # Settings of the test session that must not reach the new project's processes.
 SCRUBBED = ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "PYTHONPATH", "ANTHROPIC_API_KEY")

@@ -200,7 +200,7 @@ def test_unrenewable_lease__a_cooperative_handler_stops_and_records_nothing(
 ):
     settings.AGENTRUN_LEASE_SECONDS = 3
     env = {"AGENTRUN_LEASE_SECONDS": "3", "AGENTRUN_CANCEL_GRACE_SECONDS": "5"}
-    messages_api.script = _slow_script("slow_read", {"seconds": 20, "label": "c"})
+    messages_api.script = _slow_script("slow_read", {"seconds": 20, "label": "c", "once": True})
     worker = workers.start(**env)
     run = start_run("hardening", "Read.")
     wait_for(lambda: _started("slow_read"), timeout=30, message="the handler to start")

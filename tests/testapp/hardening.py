@@ -11,10 +11,11 @@ from .agents import executions, record
 
 
 @tool(side_effect=SideEffect.READ_ONLY)
-def slow_read(ctx: ToolContext, seconds: float, label: str = "") -> str:
-    """Read slowly (cooperative: stops when cancelled)."""
+def slow_read(ctx: ToolContext, seconds: float, label: str = "", once: bool = False) -> str:
+    """Read slowly (cooperative: stops when cancelled); `once`: slowly on the first attempt
+    only (a re-run after recovery is quick)."""
     record("slow_read", key=ctx.idempotency_key, phase="start", t=time.time(), label=label)
-    end = time.monotonic() + seconds
+    end = time.monotonic() + (0 if once and ctx.attempt > 1 else seconds)
     while time.monotonic() < end:
         ctx.raise_if_cancelled()
         time.sleep(0.02)
@@ -24,9 +25,10 @@ def slow_read(ctx: ToolContext, seconds: float, label: str = "") -> str:
 
 @tool(side_effect=SideEffect.READ_ONLY)
 def stubborn(ctx: ToolContext, seconds: float) -> str:
-    """Work without ever looking at ctx.cancelled."""
+    """Work without ever looking at ctx.cancelled (on the first attempt; a re-run after
+    recovery is quick)."""
     record("stubborn", key=ctx.idempotency_key, phase="start", t=time.time())
-    time.sleep(seconds)
+    time.sleep(seconds if ctx.attempt <= 1 else 0)
     record("stubborn", key=ctx.idempotency_key, phase="end", t=time.time())
     return "done"
 
