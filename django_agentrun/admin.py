@@ -29,11 +29,10 @@ from . import services
 from .events import redact_secrets
 from .exceptions import AgentRunError, ApprovalError, InvalidToken
 from .models import Run, RunEvent, ToolCall, Turn
+from .permissions import APPROVE_PERMISSION, CANCEL_PERMISSION, can_cancel, can_decide
 from .states import RunState, ToolCallState, TurnState
 from .tools import ToolArgumentsError
 
-APPROVE_PERMISSION = "agentrun.approve_toolcall"
-CANCEL_PERMISSION = "agentrun.cancel_run"
 MAX_TIMELINE_EVENTS = 500
 MAX_LISTED_ERRORS = 10
 
@@ -262,7 +261,7 @@ class RunAdmin(_ServiceActionsMixin, admin.ModelAdmin):
         return request.user.is_superuser
 
     def has_cancel_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm(CANCEL_PERMISSION)
+        return can_cancel(request.user)
 
     def get_deleted_objects(self, objs, request):
         deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
@@ -688,7 +687,7 @@ class ToolCallAdmin(_ServiceActionsMixin, admin.ModelAdmin):
         return False
 
     def has_approve_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm(APPROVE_PERMISSION)
+        return can_decide(request.user)
 
     # ----------------------------------------------------------------- columns
 
