@@ -14,7 +14,7 @@ from django_agentrun import permissions
 
 PACKAGE = Path(django_agentrun.__file__).parent
 # The surfaces that check permissions; each must take the names from `permissions`.
-SURFACES = ["admin", "admin.py", "api", "management", "tasks.py"]
+SURFACES = ["admin", "api", "management", "tasks.py"]
 
 
 def named() -> dict[str, str]:
