@@ -13,9 +13,19 @@ from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 
 from ..models import Run, ToolCall
+from ..permissions import APPROVE_PERMISSION, CANCEL_PERMISSION, can_cancel, can_decide
 
-CANCEL_PERMISSION = "agentrun.cancel_run"
-APPROVE_PERMISSION = "agentrun.approve_toolcall"
+# The permission names and `can_decide` live in `django_agentrun.permissions`; kept
+# importable from here, where they were first defined.
+__all__ = [
+    "APPROVE_PERMISSION",
+    "CANCEL_PERMISSION",
+    "CanCancelRun",
+    "CanDecideToolCalls",
+    "can_decide",
+    "visible_runs",
+    "visible_tool_calls",
+]
 
 
 def visible_runs(user: Any):
@@ -27,26 +37,20 @@ def visible_tool_calls(user: Any):
     return ToolCall.objects.filter(run__in=visible_runs(user).values("pk"))
 
 
-def can_decide(user: Any) -> bool:
-    return bool(user and user.is_authenticated and user.has_perm(APPROVE_PERMISSION))
-
-
 class CanCancelRun(BasePermission):
     """The run's owner, or a user with `agentrun.cancel_run`."""
 
-    message = "Only the run's owner or a user with agentrun.cancel_run may cancel or resume it."
+    message = f"Only the run's owner or a user with {CANCEL_PERMISSION} may cancel or resume it."
 
     def has_object_permission(self, request: Request, view: Any, obj: Run) -> bool:
         user = request.user
-        return (obj.owner_id is not None and obj.owner_id == user.pk) or user.has_perm(
-            CANCEL_PERMISSION
-        )
+        return (obj.owner_id is not None and obj.owner_id == user.pk) or can_cancel(user)
 
 
 class CanDecideToolCalls(BasePermission):
     """Users with `agentrun.approve_toolcall` (being staff is not enough)."""
 
-    message = "Deciding on tool calls needs the agentrun.approve_toolcall permission."
+    message = f"Deciding on tool calls needs the {APPROVE_PERMISSION} permission."
 
     def has_permission(self, request: Request, view: Any) -> bool:
         return can_decide(request.user)

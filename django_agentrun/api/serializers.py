@@ -22,9 +22,9 @@ from .. import services
 from ..agents import registered_agents
 from ..events import public_payload
 from ..models import Run, RunEvent, ToolCall, Turn
+from ..permissions import can_decide
 from ..states import RunState, ToolCallState, TurnState
 from .parsers import text_problem
-from .permissions import can_decide
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 PENDING_STATES = (ToolCallState.AWAITING_APPROVAL, ToolCallState.UNKNOWN)
