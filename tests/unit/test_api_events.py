@@ -186,6 +186,14 @@ def history(owner, monkeypatch, tmp_path) -> list[Run]:
     approval("reject")
     approval("cancel")
 
+    # A person repairs a stopped run's history.
+    model = ScriptedClient([reply(tool_use("lookup", {"query": "x"}))])  # then a model error
+    run = start_run("test-agent", "repair", owner=owner)
+    drive(run, model)
+    call = ToolCall.objects.get(run=run)
+    services.replace_tool_result(call, by=owner, result="fixed", note="dead link")
+    runs.append(run)
+
     # Unknown outcome after a crash (recovery, epoch), settled by a person.
     model = ScriptedClient([reply(tool_use("charge_card", {"amount_cents": 5})), reply(text("ok"))])
     run = start_run("test-agent", "charge", owner=owner)

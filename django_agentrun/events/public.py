@@ -15,65 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Union
 
-from django.db import models
-
-
-class EventType(models.TextChoices):
-    RUN_CREATED = "run_created", "Run created"
-    """A queued run: its agent, input, metadata and the agent's configuration snapshot."""
-    RUN_STARTED = "run_started", "Run started"
-    """A worker took the queued run (the payload names the worker)."""
-    CANCEL_REQUESTED = "cancel_requested", "Cancel requested"
-    """Someone asked to cancel the run; the lease holder stops at its next heartbeat."""
-    RUN_CANCELLED = "run_cancelled", "Run cancelled"
-    """The run ended cancelled; open tool calls got cancelled results."""
-    RUN_TIMED_OUT = "run_timed_out", "Run timed out"
-    """The run's or an approval's deadline passed."""
-    RUN_RESUMED = "run_resumed", "Run resumed"
-    """A failed, cancelled or timed-out run was queued again."""
-    RUN_FAILED = "run_failed", "Run failed"
-    """The run failed, with an error code, message, phase and last checkpoint."""
-    RUN_COMPLETED = "run_completed", "Run completed"
-    """The run completed, with its output, stop reason and usage totals."""
-    RUN_CONTINUED = "run_continued", "Run continued"
-    """A turn closed (or a decision was made) and the run goes on."""
-    RUN_PARKED = "run_parked", "Run parked"
-    """The run waits for a person (an approval or an unknown tool outcome)."""
-    RECOVERY = "recovery", "Recovery"
-    """A worker took over a run whose previous lease holder never released it."""
-    REAPER_REQUEUED = "reaper_requeued", "Re-enqueued by the reaper"
-    """The reaper sent a lost or stalled run back to the queue."""
-    TURN_STARTED = "turn_started", "Turn started"
-    """A turn began: the model is about to be asked."""
-    TURN_COMPLETED = "turn_completed", "Turn completed"
-    """The turn's response and every tool result are recorded."""
-    TURN_CANCELLED = "turn_cancelled", "Turn cancelled"
-    """The turn was closed by cancellation or a deadline."""
-    TURN_FAILED = "turn_failed", "Turn failed"
-    """The turn was closed because the run failed."""
-    MODEL_RESPONSE = "model_response", "Model response"
-    """The model's complete answer (content, stop reason, usage), recorded before any tool runs."""
-    TOOL_CALL_REQUESTED = "tool_call_requested", "Tool call requested"
-    """A tool_use block became a tool call (the write-ahead intent)."""
-    TOOL_CALL_STARTED = "tool_call_started", "Tool call started"
-    """The call went in flight: its handler may start."""
-    TOOL_CALL_FINISHED = "tool_call_finished", "Tool call finished"
-    """The call closed with its result."""
-    TOOL_CALL_RECOVERED = "tool_call_recovered", "Tool call recovered"
-    """A call found in flight after a crash is tried again under its side-effect policy."""
-    TOOL_CALL_UNKNOWN = "tool_call_unknown", "Tool call outcome unknown"
-    """A call found in flight cannot be reconciled: a person must settle it."""
-    TOOL_CALL_RESOLVED = "tool_call_resolved", "Tool call resolved"
-    """A person settled an unknown call: done, retry or fail."""
-    APPROVAL_REQUESTED = "approval_requested", "Approval requested"
-    """A call waits for a person's approval (the payload holds its approval token)."""
-    APPROVAL_DECIDED = "approval_decided", "Approval decided"
-    """A person approved (maybe with edited arguments) or rejected a call."""
-    LOOP_DETECTED = "loop_detected", "Loop detected"
-    """A repeated identical call was intercepted with an error result."""
-    BUDGET_EXCEEDED = "budget_exceeded", "Budget exceeded"
-    """The next turn could breach a budget: the run halts before sending it."""
-
+from .types import EventType
 
 # A spec maps a public key to None (its whole value) or to the spec of a nested object.
 Spec = Mapping[str, Union["Spec", None]]
@@ -93,7 +35,7 @@ def _keys(*names: str, **nested: Spec) -> Spec:
 
 
 # The call's result and who produced it (tool_call_finished, decisions that close a call).
-_RESULT = ("result", "is_error", "source")
+_RESULT = ("result", "result_format", "is_error", "source")
 _DECISION = ("decision", "by", "note")
 
 # Left out on purpose: `config` (system prompt, tool schemas, budget), `worker`
@@ -133,6 +75,7 @@ ALLOWLIST: dict[str, Spec] = {
     EventType.APPROVAL_DECIDED: _keys(*_RESULT, *_DECISION, "arguments"),
     EventType.LOOP_DETECTED: _keys("name", "count"),
     EventType.BUDGET_EXCEEDED: _keys("limit", "projected", "allowed"),
+    EventType.TOOL_RESULT_REPLACED: _keys(*_RESULT, "by", "note"),
 }
 _UNLISTED: Spec = _keys()
 
