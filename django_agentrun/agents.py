@@ -120,3 +120,8 @@ def get_agent(name: str) -> Agent:
 
 def registered_agents() -> dict[str, Agent]:
     return dict(_registry)
+
+
+def unregister_agent(name: str) -> None:
+    """Forget the agent named `name` (if any): for tests that define an agent of their own."""
+    _registry.pop(name, None)

@@ -8,7 +8,7 @@ import pytest
 from celery import Celery
 
 from django_agentrun import Agent, Budget
-from django_agentrun.agents import _registry
+from django_agentrun.agents import get_agent, unregister_agent
 from django_agentrun.checks import (
     check_agents,
     check_api,
@@ -17,6 +17,7 @@ from django_agentrun.checks import (
     check_required_apps,
     check_settings,
 )
+from django_agentrun.exceptions import UnknownAgent
 from example_project.celery import app as project_app
 
 # A URLconf without the API (settings.ROOT_URLCONF = __name__).
@@ -126,7 +127,9 @@ def test_checks__cost_budget_for_a_model_without_price():
         assert ids(found) == {"agentrun.E004"}
         assert "AGENTRUN_PRICES" in found[0].hint
     finally:
-        _registry.pop("unpriced")
+        unregister_agent("unpriced")
+    with pytest.raises(UnknownAgent):
+        get_agent("unpriced")  # gone again: other tests see only their own agents
 
 
 def test_checks__dated_model_ids_match_their_price(settings):

@@ -11,7 +11,7 @@ from django.db import connection
 from django.utils import timezone
 
 from django_agentrun import Agent, SideEffect, start_run, tool
-from django_agentrun.agents import _registry  # as test_checks does: registered for one test
+from django_agentrun.agents import unregister_agent
 from django_agentrun.checks import check_sqlite_version, check_tool_side_effects
 from django_agentrun.failpoints import FailpointError
 from django_agentrun.models import Run, ToolCall
@@ -39,6 +39,14 @@ UNDECLARED_AGENT = Agent(
 )
 
 
+@pytest.fixture
+def undeclared_agent():
+    """UNDECLARED_AGENT's twin, registered for one test."""
+    agent = Agent(name=UNDECLARED_AGENT.name, tools=[undeclared, declared])
+    yield agent
+    unregister_agent(agent.name)
+
+
 def test_tool__undeclared_side_effect_is_non_idempotent_and_says_so():
     assert undeclared.side_effect == SideEffect.NON_IDEMPOTENT
     assert undeclared.side_effect_declared is False
@@ -47,9 +55,8 @@ def test_tool__undeclared_side_effect_is_non_idempotent_and_says_so():
 
 
 @pytest.mark.django_db
-def test_tool__undeclared_is_not_re_run_after_a_crash(monkeypatch):
+def test_tool__undeclared_is_not_re_run_after_a_crash(monkeypatch, undeclared_agent):
     """In flight when its worker died: a read_only tool would run again; this one waits."""
-    monkeypatch.setitem(_registry, UNDECLARED_AGENT.name, UNDECLARED_AGENT)
     RAN.clear()
     client = ScriptedClient([reply(tool_use("undeclared", {"note": "x"})), reply(text("ok"))])
     run = start_run("undeclared-side-effect", "go")

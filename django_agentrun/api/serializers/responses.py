@@ -1,73 +1,27 @@
-"""Request bodies (validated here, applied by `services`) and read-only representations.
+"""Read-only representations of runs, turns, tool calls and events, and the error body.
 
-Nothing here saves a model. Machine-owned internals stay out of every response:
-leases, the agent config snapshot, stored approval payloads, and in events all
-but their type's public keys (`django_agentrun.events.public_payload`). A fresh
-approval token is shown only to users who may decide.
+Machine-owned internals stay out of every response: leases, the agent config
+snapshot, stored approval payloads, and in events all but their type's public keys
+(`django_agentrun.events.public_payload`). A fresh approval token is shown only to
+users who may decide.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import TextChoices
-from django.utils import timezone
-from drf_spectacular.extensions import OpenApiSerializerFieldExtension
-from drf_spectacular.plumbing import ResolvedComponent
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from .. import services
-from ..agents import registered_agents
-from ..events import public_payload
-from ..models import Run, RunEvent, ToolCall, Turn
-from ..permissions import can_decide
-from ..states import RunState, ToolCallState, TurnState
-from .parsers import text_problem
+from ... import services
+from ...events import public_payload
+from ...models import Run, RunEvent, ToolCall, Turn
+from ...permissions import can_decide
+from ...states import RunState, ToolCallState, TurnState
+from .fields import StateField
 
-IDEMPOTENCY_HEADER = "Idempotency-Key"
 PENDING_STATES = (ToolCallState.AWAITING_APPROVAL, ToolCallState.UNKNOWN)
-
-
-class StateField(serializers.CharField):
-    """A read-only state, shown in the schema as its own enum component (RunState...):
-    runs, turns and tool calls all name the field `state`, so enums named after the
-    field would collide."""
-
-    def __init__(self, choices: type[TextChoices], **kwargs: Any) -> None:
-        self.state_choices = choices
-        super().__init__(read_only=True, **kwargs)
-
-
-class StateFieldExtension(OpenApiSerializerFieldExtension):
-    target_class = StateField
-
-    def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
-        choices = self.target.state_choices
-        component = ResolvedComponent(
-            name=choices.__name__,
-            type=ResolvedComponent.SCHEMA,
-            object=choices,
-            schema={"type": "string", "enum": list(choices.values)},
-        )
-        auto_schema.registry.register_on_missing(component)
-        return component.ref
-
-
-def _storable(value: str) -> None:
-    problem = text_problem(value)
-    if problem is not None:
-        raise serializers.ValidationError(problem)
-
-
-class StorableCharField(serializers.CharField):
-    """A request's text field: it goes to a text column, which cannot hold NUL or unpaired
-    surrogates on every database (JSON fields can: docs/durability.md)."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.validators.append(_storable)
 
 
 class ErrorSerializer(serializers.Serializer):
@@ -80,115 +34,6 @@ class ErrorSerializer(serializers.Serializer):
         required=False,
         help_text="With code `invalid`: messages per field or query parameter.",
     )
-
-
-@extend_schema_field(OpenApiTypes.OBJECT)
-class ObjectField(serializers.JSONField):
-    """A JSON object."""
-
-    default_error_messages = {"not_an_object": "Must be a JSON object."}
-
-    def to_internal_value(self, data: Any) -> Any:
-        value = super().to_internal_value(data)
-        if not isinstance(value, dict):
-            self.fail("not_an_object")
-        return value
-
-
-@extend_schema_field(
-    {
-        "oneOf": [
-            {"type": "string", "minLength": 1},
-            {"type": "array", "minItems": 1, "items": {"type": "object"}},
-        ]
-    }
-)
-class RunInputField(serializers.JSONField):
-    """A string or a list of content blocks (checked by `services.start_run`)."""
-
-
-# --------------------------------------------------------------------------- requests
-
-
-class RunCreateSerializer(serializers.Serializer):
-    agent = StorableCharField(max_length=200, help_text="The name of a registered agent.")
-    input = RunInputField(help_text="A non-empty string or a list of content blocks.")
-    metadata = ObjectField(required=False, help_text="A JSON object kept on the run.")
-    correlation_id = StorableCharField(max_length=200, required=False, allow_blank=True)
-    deadline = serializers.DateTimeField(required=False, help_text="ISO 8601, in the future.")
-    idempotency_key = StorableCharField(
-        max_length=200,
-        required=False,
-        help_text=f"Also accepted as the `{IDEMPOTENCY_HEADER}` header.",
-    )
-
-    def validate_agent(self, value: str) -> str:
-        if value not in registered_agents():
-            raise serializers.ValidationError(f"No agent named {value!r}.")
-        return value
-
-    def validate_deadline(self, value: Any) -> Any:
-        if value <= timezone.now():
-            raise serializers.ValidationError("The deadline must be in the future.")
-        return value
-
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        request = self.context.get("request")
-        header = request.headers.get(IDEMPOTENCY_HEADER) if request is not None else None
-        if header is not None:
-            header = header.strip()
-            if not header or len(header) > 200 or text_problem(header):
-                message = f"The {IDEMPOTENCY_HEADER} header must be 1-200 characters (no NUL)."
-                raise serializers.ValidationError({"idempotency_key": message})
-            body = attrs.get("idempotency_key")
-            if body is not None and body != header:
-                raise serializers.ValidationError(
-                    {"idempotency_key": f"The {IDEMPOTENCY_HEADER} header and the body differ."}
-                )
-            attrs["idempotency_key"] = header
-        return attrs
-
-
-class CancelSerializer(serializers.Serializer):
-    reason = StorableCharField(required=False, allow_blank=True, default="")
-
-
-TOKEN_HELP = (
-    "The call's approval token (from the run's `pending_decisions` or `/tool-calls/pending/`): "
-    "a decision on a call that changed since is refused (409 `invalid_token`)."
-)
-
-
-class ApproveSerializer(serializers.Serializer):
-    token = StorableCharField(help_text=TOKEN_HELP)
-    note = StorableCharField(required=False, allow_blank=True, default="")
-    arguments = ObjectField(
-        required=False, help_text="Edited arguments, re-validated against the tool's schema."
-    )
-
-
-class RejectSerializer(serializers.Serializer):
-    token = StorableCharField(help_text=TOKEN_HELP)
-    reason = StorableCharField(help_text="Told to the model as the tool's error result.")
-
-
-class ResolveSerializer(serializers.Serializer):
-    token = StorableCharField(help_text=TOKEN_HELP)
-    action = serializers.ChoiceField(choices=["done", "retry", "fail"])
-    result = serializers.JSONField(
-        required=False, help_text="The tool's result; required with action `done`."
-    )
-    note = StorableCharField(required=False, allow_blank=True, default="")
-
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        if attrs["action"] == "done" and attrs.get("result") is None:
-            raise serializers.ValidationError(
-                {"result": "Marking a call done needs the tool's result."}
-            )
-        return attrs
-
-
-# --------------------------------------------------------------------------- responses
 
 
 class UsageSerializer(serializers.Serializer):

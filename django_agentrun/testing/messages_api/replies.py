@@ -1,0 +1,112 @@
+"""A scripted reply as the real API sends it: a message (JSON) or its Server-Sent Events."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+from .script import Reply, last_tool_use_index, new_id
+
+
+def _chunks(s: str, size: int) -> list[str]:
+    size = max(1, size)
+    return [s[k : k + size] for k in range(0, len(s), size)]
+
+
+def _sse(event: str, data: dict[str, Any]) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+def usage(body: dict[str, Any], reply: Reply, content: list[dict[str, Any]]) -> dict:
+    """Token counts estimated from the sizes (about 4 characters a token), unless scripted."""
+    counts = {
+        "input_tokens": max(1, len(json.dumps(body)) // 4),
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+        "output_tokens": max(1, len(json.dumps(content)) // 4),
+    }
+    counts.update(reply.usage or {})
+    return counts
+
+
+def message(body: dict[str, Any], reply: Reply, content: list[dict[str, Any]]) -> dict[str, Any]:
+    """The Message object of a reply with `content`."""
+    return {
+        "id": reply.message_id or new_id("msg_"),
+        "type": "message",
+        "role": "assistant",
+        "model": reply.model or body["model"],
+        "content": content,
+        "stop_reason": reply.stop_reason,
+        "stop_sequence": reply.stop_sequence,
+        "usage": {**usage(body, reply, content), "service_tier": "standard"},
+    }
+
+
+def events(body: dict[str, Any], reply: Reply, request_id: str) -> Iterator[bytes]:
+    """The SSE events of a streamed reply, in the real API's order and shape."""
+    content = [dict(b) for b in reply.content]  # type: ignore[union-attr]
+    cut = last_tool_use_index(content) if reply.truncate_input else None
+    if cut is not None:
+        content = content[: cut + 1]
+    start_message = message(body, reply, [])
+    start_message["stop_reason"] = start_message["stop_sequence"] = None  # only known at the end
+    counts = usage(body, reply, content)
+    start_message["usage"] = {**counts, "output_tokens": 1, "service_tier": "standard"}
+    yield _sse("message_start", {"type": "message_start", "message": start_message})
+    yield _sse("ping", {"type": "ping"})
+    for index, block in enumerate(content):
+        kind = block.get("type")
+        if kind == "text":
+            start: dict[str, Any] = {**block, "text": ""}
+            deltas = [
+                {"type": "text_delta", "text": c} for c in _chunks(block["text"], reply.chunk_size)
+            ]
+        elif kind in ("tool_use", "server_tool_use"):
+            start = {**block, "input": {}}
+            payload = json.dumps(block.get("input") or {})
+            if index == cut:
+                payload = payload[: len(payload) // 2] if len(payload) > 2 else ""
+            # The real API opens every tool input with an empty partial_json.
+            deltas = [{"type": "input_json_delta", "partial_json": ""}] + [
+                {"type": "input_json_delta", "partial_json": c}
+                for c in _chunks(payload, reply.chunk_size)
+            ]
+        elif kind == "thinking":
+            start = {**block, "thinking": "", "signature": ""}
+            deltas = [
+                {"type": "thinking_delta", "thinking": c}
+                for c in _chunks(block.get("thinking", ""), reply.chunk_size)
+            ] + [{"type": "signature_delta", "signature": block.get("signature", "")}]
+        else:
+            start, deltas = block, []
+        yield _sse(
+            "content_block_start",
+            {"type": "content_block_start", "index": index, "content_block": start},
+        )
+        for delta in deltas:
+            yield _sse(
+                "content_block_delta",
+                {"type": "content_block_delta", "index": index, "delta": delta},
+            )
+        yield _sse("content_block_stop", {"type": "content_block_stop", "index": index})
+    if reply.stream_error:
+        yield _sse(
+            "error",
+            {
+                "type": "error",
+                "error": {"type": reply.stream_error, "message": f"fake {reply.stream_error}"},
+                "request_id": request_id,
+            },
+        )
+        return
+    yield _sse(
+        "message_delta",
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": reply.stop_reason, "stop_sequence": reply.stop_sequence},
+            "usage": {"output_tokens": counts["output_tokens"]},
+        },
+    )
+    yield _sse("message_stop", {"type": "message_stop"})
