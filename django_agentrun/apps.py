@@ -10,7 +10,10 @@ class AgentRunConfig(AppConfig):
     def ready(self) -> None:
         from django.utils.module_loading import autodiscover_modules
 
-        from . import checks  # noqa: F401 - registers the system checks
+        from . import (
+            checks,  # noqa: F401 - registers the system checks
+            tasks,  # noqa: F401 - registers the tasks (and advance_run with wakeups)
+        )
 
         # Agents live in installed apps' agents.py.
         autodiscover_modules("agents")

@@ -18,8 +18,9 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from . import services, wakeups
+from . import store, transitions, wakeups
 from .conf import agentrun_settings
+from .engine import recover_in_flight
 from .identity import worker_identity
 from .models import Run, ToolCall
 from .states import RunState, ToolCallState
@@ -80,7 +81,7 @@ def reap(
 ) -> ReapReport:
     """Find and repair stuck runs. `stale_after` (seconds) overrides
     AGENTRUN_QUEUED_STALE_SECONDS. Times are the database's (leases are judged by it)."""
-    now = now or services.database_now()
+    now = now or store.database_now()
     batch = batch_size or agentrun_settings.REAPER_BATCH_SIZE
     stale = timedelta(
         seconds=min(
@@ -180,40 +181,42 @@ def _each(report: ReapReport, dry_run: bool, kind: str, qs, batch: int, act) -> 
             return
 
 
-def _take(run: Run) -> services.Lease:
-    return services.take_lease(run, f"reaper:{worker_identity()}")
+def _take(run: Run) -> store.Lease:
+    return store.take_lease(run, f"reaper:{worker_identity()}")
 
 
 def _time_out(run: Run, now: datetime) -> str:
-    services.close_run(run, _take(run), RunState.TIMED_OUT, "deadline passed")
+    with store.unit(atomic=True) as work:
+        transitions.close_run(work, run, _take(run), RunState.TIMED_OUT, "deadline passed")
     return "timed out (run deadline)"
 
 
 def _time_out_approval(run: Run, now: datetime) -> str:
-    services.close_run(run, _take(run), RunState.TIMED_OUT, "approval deadline passed")
+    with store.unit(atomic=True) as work:
+        reason = "approval deadline passed"
+        transitions.close_run(work, run, _take(run), RunState.TIMED_OUT, reason)
     return "timed out (approval deadline)"
 
 
 def _exhausted(run: Run, now: datetime) -> str:
-    turn = run.turns.order_by("-index").first()
-    services.run_failed(
-        run,
-        _take(run),
-        code="recovery_exhausted",
-        message=(
-            f"The run's worker died {run.recovery_attempts + 1} times; not retrying again "
-            "(AGENTRUN_MAX_RECOVERY_ATTEMPTS)."
-        ),
-        phase="recovery",
-        turn=turn,
-    )
+    with store.unit(atomic=True) as work:
+        transitions.fail_run(
+            work,
+            run,
+            _take(run),
+            code="recovery_exhausted",
+            message=(
+                f"The run's worker died {run.recovery_attempts + 1} times; not retrying again "
+                "(AGENTRUN_MAX_RECOVERY_ATTEMPTS)."
+            ),
+            phase="recovery",
+            turn=run.turns.order_by("-index").first(),
+        )
     return "failed: recovery_exhausted"
 
 
 def _recover(run: Run, now: datetime) -> str:
     """Apply the side-effect policy to stale in_flight calls, then wake a worker."""
-    from .engine.loop import recover_in_flight
-
     in_flight = list(
         run.tool_calls.filter(state=ToolCallState.IN_FLIGHT).values_list("tool_call_id", flat=True)
     )
@@ -227,5 +230,6 @@ def _recover(run: Run, now: datetime) -> str:
 
 
 def _requeue(run: Run, now: datetime) -> str:
-    services.wake_again(run)
+    with store.unit(atomic=True) as work:
+        transitions.wake_again(work, run)
     return "re-enqueued"

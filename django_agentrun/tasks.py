@@ -11,6 +11,10 @@ import logging
 from celery import shared_task
 from django.db import InterfaceError, OperationalError
 
+from . import wakeups
+from .engine import advance
+from .recovery import reap as reap_now
+
 logger = logging.getLogger(__name__)
 
 # Late acks + reject on worker lost: a killed pool child's message is redelivered.
@@ -24,8 +28,6 @@ TASK_OPTIONS = {
 @shared_task(name="django_agentrun.advance_run", bind=True, max_retries=5, **TASK_OPTIONS)
 def advance_run(self, run_id: str) -> str:
     """Advance a run by at most one turn."""
-    from .engine import advance
-
     try:
         outcome = advance(run_id, heartbeat=True)
     except (OperationalError, InterfaceError) as exc:
@@ -40,8 +42,6 @@ def advance_run(self, run_id: str) -> str:
 def reap() -> dict | None:
     """Find runs nobody is advancing and repair them (see recovery.reap). None: nothing
     to do (and Celery's per-task log lines of such a pass are dropped, see IdleReaperFilter)."""
-    from .recovery import reap as reap_now
-
     report = reap_now()
     return report.as_dict() if report.findings else None
 
@@ -69,3 +69,4 @@ def _quiet_idle_reaper() -> None:
 
 
 _quiet_idle_reaper()
+wakeups.register(advance_run)

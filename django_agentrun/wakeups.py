@@ -20,11 +20,19 @@ logger = logging.getLogger(__name__)
 TASK = "django_agentrun.advance_run"
 
 
+_task: Any = None
+
+
+def register(task: Any) -> None:
+    """The advance_run task (tasks.py registers it when the app is ready: this module
+    sits below the Celery surface and does not import it)."""
+    global _task
+    _task = task
+
+
 def send(run_id: Any, countdown: float | None = None) -> None:
     """Publish advance_run(run_id) now; a broker error is logged, not raised (the reaper
     re-sends wake-ups that never arrived)."""
-    from .tasks import advance_run
-
     failpoint("turn.before_enqueue")
     options: dict[str, Any] = {}
     if agentrun_settings.QUEUE:
@@ -32,7 +40,9 @@ def send(run_id: Any, countdown: float | None = None) -> None:
     if countdown:
         options["countdown"] = countdown
     try:
-        advance_run.apply_async(args=[str(run_id)], **options)
+        if _task is None:
+            raise RuntimeError("django_agentrun's tasks are not loaded (AppConfig.ready)")
+        _task.apply_async(args=[str(run_id)], **options)
     except Exception:  # broker down: the reaper re-enqueues runs nobody advances
         logger.exception("Could not enqueue advance_run run_id=%s", run_id)
 

@@ -104,7 +104,6 @@ def drive(run: Run, client, limit: int = 30) -> list[str]:
 def assert_projection_matches(run: Run) -> None:
     """The events alone rebuild the run's states, usage and history."""
     from django_agentrun.engine.history import TurnRecord, build_messages
-    from django_agentrun.engine.loop import _Step  # noqa: F401 - history from rows
 
     run.refresh_from_db()
     events = list(RunEvent.objects.filter(run=run).order_by("seq"))

@@ -1,7 +1,9 @@
-"""The turn engine: decides from the database, writes through services."""
+"""The turn engine: decides from the database, writes through transitions (driver.py runs
+one advance; see its docstring for the phases)."""
 
 from __future__ import annotations
 
-from .loop import Outcome, advance
+from .driver import advance, recover_in_flight
+from .step import Outcome
 
-__all__ = ["Outcome", "advance"]
+__all__ = ["Outcome", "advance", "recover_in_flight"]

@@ -25,7 +25,7 @@ import time
 
 from django.db import connection
 
-from .. import services
+from .. import store
 from ..abort import CANCEL_REQUESTED, LEASE_LOST, LEASE_UNRENEWED, AbortSignal
 from ..conf import agentrun_settings
 
@@ -44,7 +44,7 @@ class Heartbeat:
     connection) renews the lease and polls for cancel requests; the watchdog (no I/O)
     enforces the deadlines above even while a renewal hangs on a dead connection."""
 
-    def __init__(self, lease: services.Lease, abort: AbortSignal) -> None:
+    def __init__(self, lease: store.Lease, abort: AbortSignal) -> None:
         self.lease = lease
         self.abort = abort
         self.valid_until = lease.valid_until
@@ -77,13 +77,13 @@ class Heartbeat:
                 try:
                     if time.monotonic() - last_renew >= renew_every:
                         sent = time.monotonic()
-                        held, cancel = services.renew_lease(self.lease)
+                        held, cancel = store.renew_lease(self.lease)
                         last_renew = sent
                         if held:
                             self.valid_until = sent + lease_seconds
                             self._renewed.set()
                     else:
-                        held, cancel = services.poll_cancel(self.lease)
+                        held, cancel = store.poll_cancel(self.lease)
                 except Exception:  # noqa: BLE001 - a DB hiccup must not kill the heartbeat
                     logger.warning("Heartbeat failed run_id=%s", self.lease.run_id, exc_info=True)
                     connection.close()  # a broken connection stays broken: reconnect next time

@@ -14,7 +14,8 @@ from .types import EventType
 Event = tuple[str, dict[str, Any]]
 
 
-def _user_id(user: Any) -> Any:
+def user_id(user: Any) -> Any:
+    """How a payload names a person: their pk (None for the system)."""
     return getattr(user, "pk", None)
 
 
@@ -41,7 +42,7 @@ def run_created(run: Any, owner: Any) -> Event:
         "config": run.config,
         "correlation_id": run.correlation_id,
         "metadata": run.metadata,
-        "owner": _user_id(owner),
+        "owner": user_id(owner),
         "deadline": _iso(run.deadline),
     }
 
@@ -55,7 +56,7 @@ def recovery(attempts: int, epoch: int) -> Event:
 
 
 def cancel_requested(by: Any, reason: str) -> Event:
-    return EventType.CANCEL_REQUESTED, {"by": _user_id(by), "reason": reason}
+    return EventType.CANCEL_REQUESTED, {"by": user_id(by), "reason": reason}
 
 
 def run_closed(run: Any, reason: str) -> Event:
@@ -65,7 +66,7 @@ def run_closed(run: Any, reason: str) -> Event:
 
 
 def run_resumed(run: Any, by: Any, previous: str) -> Event:
-    return EventType.RUN_RESUMED, {"run_state": run.state, "by": _user_id(by), "from": previous}
+    return EventType.RUN_RESUMED, {"run_state": run.state, "by": user_id(by), "from": previous}
 
 
 def run_failed(run: Any, code: str, message: str, phase: str, checkpoint: int) -> Event:
@@ -235,7 +236,7 @@ def approval_granted(call: Any, by: Any, note: str, arguments: Any = None) -> Ev
     payload: dict[str, Any] = {
         **_call(call),
         "decision": "approved",
-        "by": _user_id(by),
+        "by": user_id(by),
         "note": note,
     }
     if arguments is not None:
@@ -246,4 +247,4 @@ def approval_granted(call: Any, by: Any, note: str, arguments: Any = None) -> Ev
 
 def decision(action: str, by: Any, note: str) -> dict[str, Any]:
     """The keys a person's decision adds to a call's event."""
-    return {"decision": action, "by": _user_id(by), "note": note}
+    return {"decision": action, "by": user_id(by), "note": note}

@@ -109,9 +109,7 @@ class RunWrite:
         if self.lease is not None:
             conditions += sql("fence")
             params += [self.lease.epoch, self.lease.owner]
-        statement = sql(
-            "run_update", assignments=", ".join(sets), conditions=conditions + gates
-        )
+        statement = sql("run_update", assignments=", ".join(sets), conditions=conditions + gates)
         return statement, params
 
     def _composed(self, alone: bool) -> tuple[str, list[Any]]:
@@ -161,7 +159,9 @@ class RunWrite:
         params: list[Any] = []
         for i, (kind, data) in enumerate(self.events):
             params += [run_id, first + i, kind, payload.get_db_prep_save(data, connection), created]
-        statement = sql("events_insert", rows=", ".join(["(%s, %s, %s, %s, %s)"] * len(self.events)))
+        statement = sql(
+            "events_insert", rows=", ".join(["(%s, %s, %s, %s, %s)"] * len(self.events))
+        )
         with connection.cursor() as cursor:
             cursor.execute(statement, params)
 

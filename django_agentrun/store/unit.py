@@ -40,6 +40,7 @@ class Unit:
         self._rows: list[Deferred] = []
         self._held: RunWrite | None = None
         self._callbacks: list[Callable[[], Any]] = []
+        self._events: list[Event] = []
         self.cancel_requested = False
 
     # -- building ------------------------------------------------------------------------
@@ -51,7 +52,9 @@ class Unit:
         if obj.pk is None:  # its insert is still pending
             self.flush()
         model = type(obj)
-        if any(isinstance(u, RowUpdate) and u.model is model and u.pk == obj.pk for u in self._rows):
+        if any(
+            isinstance(u, RowUpdate) and u.model is model and u.pk == obj.pk for u in self._rows
+        ):
             # The parts of one statement share a snapshot: a second update of the same row
             # must see the first, so what is pending goes first.
             self.flush()
@@ -63,21 +66,32 @@ class Unit:
             self._release_held()
             self._rows.append(RowInsert.build(objs))
 
+    @property
+    def recorded(self) -> bool:
+        """Events wait for a run write."""
+        return bool(self._events)
+
+    def record(self, event: Event) -> None:
+        """An event of this step; it goes with the next run write (which gives it its seq)."""
+        self._events.append(event)
+
     def write_run(
         self,
         run: Run,
-        events: list[Event],
+        events: list[Event] | None = None,
         *,
         lease: Lease | None = None,
         old_state: str | None = None,
         fields: dict[str, Any] | None = None,
         incr: dict[str, Any] | None = None,
     ) -> None:
-        """The run's compare-and-set write (fenced by `lease`) with its events and the rows
-        written before it. Refused as a whole with LeaseLost or ConcurrentUpdate."""
+        """The run's compare-and-set write (fenced by `lease`) with the events recorded since
+        the last one (then `events`) and the rows written before it. Refused as a whole
+        with LeaseLost or ConcurrentUpdate."""
         self._release_held()
+        events = [*self._events, *(events or [])]
         write = RunWrite(run, events, lease, old_state, fields or {}, incr or {}, self._rows)
-        self._rows = []
+        self._rows, self._events = [], []
         if self._lazy and not self._open:
             self._held = write
         else:
@@ -123,6 +137,8 @@ class Unit:
             self.cancel_requested |= held.send()
 
     def _finish(self) -> None:
+        if self._events:
+            raise RuntimeError(f"events recorded without a run write: {self._events}")
         held, self._held = self._held, None
         if held is not None and not self._open:
             self._sending_alone = True

@@ -10,10 +10,10 @@ from collections import Counter
 from datetime import timedelta
 
 import pytest
-from django.db import close_old_connections, connection, transaction
+from django.db import close_old_connections, connection
 from django.utils import timezone
 
-from django_agentrun import cancel_run, resume_run, services, start_run
+from django_agentrun import cancel_run, resume_run, start_run, store, transitions
 from django_agentrun.engine import Outcome, advance
 from django_agentrun.exceptions import (
     ConcurrentUpdate,
@@ -25,6 +25,13 @@ from django_agentrun.models import Run, RunEvent, ToolCall
 from django_agentrun.states import RunState
 from django_agentrun.testing import ScriptedClient, error, reply, text, tool_use
 from tests.conftest import assert_projection_matches, drive
+
+
+def claim_lease(run_id, owner):
+    """Only the claim (no history): the lease, or None."""
+    claimed = store.claim(run_id, owner, history=False)
+    return claimed.lease if claimed else None
+
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -158,10 +165,10 @@ def test_race__cas_write_same_transition_one_wins(postgres):
 
     def cancel_by_cas(i):
         mine = Run.objects.get(pk=run.pk)  # both load 'queued'
-        old = services._set_state(mine, RunState.CANCELLED)
+        old = transitions.move(mine, RunState.CANCELLED)
         time.sleep(0.05)
-        with transaction.atomic():
-            services._write_run(
+        with store.unit(atomic=True) as work:
+            work.write_run(
                 mine,
                 [("run_cancelled", {"run_state": mine.state, "reason": f"t{i}"})],
                 old_state=old,
@@ -184,7 +191,7 @@ def test_race__two_claims_one_lease(postgres):
     run = start_run("test-agent", "hello")
     epochs = []
     for _ in range(20):
-        results, errors = race(2, lambda i: services.claim_run(run.pk, f"worker-{i}"))
+        results, errors = race(2, lambda i: claim_lease(run.pk, f"worker-{i}"))
         assert errors == [None, None], errors
         leases = [r for r in results if r is not None]
         assert len(leases) == 1, results
@@ -192,7 +199,7 @@ def test_race__two_claims_one_lease(postgres):
         run.refresh_from_db()
         assert run.lease_owner == lease.owner and run.lease_epoch == lease.epoch
         epochs.append(lease.epoch)
-        services.release_lease(lease)
+        store.release_lease(lease)
     assert epochs == list(range(1, 21))  # one bump per race, never two
     run.refresh_from_db()
     assert run.recovery_attempts == 0  # released leases are not crashes
@@ -200,7 +207,7 @@ def test_race__two_claims_one_lease(postgres):
 
 def test_race__eight_claims_one_lease(postgres):
     run = start_run("test-agent", "hello")
-    results, errors = race(8, lambda i: services.claim_run(run.pk, f"worker-{i}"))
+    results, errors = race(8, lambda i: claim_lease(run.pk, f"worker-{i}"))
     assert errors == [None] * 8
     assert sum(r is not None for r in results) == 1
 
@@ -255,8 +262,8 @@ def test_many_writers__write_run_batches_keep_seq_gap_free(postgres):
         mine = Run.objects.get(pk=run.pk)
         for r in range(rounds):
             batch = [("note", {"thread": i, "round": r, "k": k}) for k in range(1 + (i + r) % 3)]
-            with transaction.atomic():
-                services._write_run(mine, batch)
+            with store.unit(atomic=True) as work:
+                work.write_run(mine, batch)
         return i
 
     results, errors = race(per_thread, append)
@@ -293,33 +300,40 @@ def _expire(run):
 
 def test_zombie__superseded_lease_writes_nothing(postgres):
     run = start_run("test-agent", "hello")
-    old = services.claim_run(run.pk, "zombie")
+    old = claim_lease(run.pk, "zombie")
     assert old is not None
-    assert services.claim_run(run.pk, "thief") is None  # live lease: refused
+    assert claim_lease(run.pk, "thief") is None  # live lease: refused
     _expire(run)
-    new = services.claim_run(run.pk, "thief")
+    new = claim_lease(run.pk, "thief")
     assert new is not None and new.epoch == old.epoch + 1
     run.refresh_from_db()
     assert run.recovery_attempts == 1  # the zombie never released it
     before = (run.last_seq, seqs(run), run.state, run.updated_at)
 
     mine = Run.objects.get(pk=run.pk)
-    with pytest.raises(LeaseLost, match=f"epoch {old.epoch} was superseded"), transaction.atomic():
-        services.fenced(mine, old, [("note", {"by": "zombie"})], fields={"stop_reason": "zombie"})
+    with (
+        pytest.raises(LeaseLost, match=f"epoch {old.epoch} was superseded"),
+        store.unit(atomic=True) as work,
+    ):
+        work.write_run(
+            mine, lease=old, events=[("note", {"by": "zombie"})], fields={"stop_reason": "zombie"}
+        )
     mine = Run.objects.get(pk=run.pk)
-    old_state = services._set_state(mine, RunState.RUNNING)
-    with pytest.raises(LeaseLost), transaction.atomic():
-        services.fenced(mine, old, [("run_started", {"run_state": "running"})], old_state=old_state)
+    old_state = transitions.move(mine, RunState.RUNNING)
+    with pytest.raises(LeaseLost), store.unit(atomic=True) as work:
+        work.write_run(
+            mine, lease=old, events=[("run_started", {"run_state": "running"})], old_state=old_state
+        )
     # Renewing and releasing with the old lease do nothing either.
-    assert services.renew_lease(old) == (False, False)
-    services.release_lease(old)
+    assert store.renew_lease(old) == (False, False)
+    store.release_lease(old)
     run.refresh_from_db()
     assert (run.last_seq, seqs(run), run.state, run.updated_at) == before
     assert run.lease_owner == "thief" and run.lease_epoch == new.epoch
     assert run.stop_reason == ""
     # The new holder can write.
-    with transaction.atomic():
-        services.fenced(Run.objects.get(pk=run.pk), new, [("note", {"by": "thief"})])
+    with store.unit(atomic=True) as work:
+        work.write_run(Run.objects.get(pk=run.pk), lease=new, events=[("note", {"by": "thief"})])
     assert_gap_free(run)
 
 
@@ -342,7 +356,7 @@ def _steal_mid_step(run, client, reached):
         assert time.monotonic() < deadline, "the zombie never got there"
         time.sleep(0.02)
     _expire(run)
-    thief = services.claim_run(run.pk, "thief")
+    thief = claim_lease(run.pk, "thief")
     assert thief is not None
     thread.join(20)
     assert outcome == [Outcome.LEASE_LOST]
@@ -351,7 +365,7 @@ def _steal_mid_step(run, client, reached):
 
 def _finish_after(thief, run, client):
     """The thief gives the lease back; the run then finishes."""
-    services.release_lease(thief)
+    store.release_lease(thief)
     close_old_connections()
     drive(run, client, limit=5)
     assert run.state == "completed", (run.state, run.error_code, run.error_message)

@@ -15,7 +15,7 @@ import pytest
 from django.db import connection, connections
 from django.utils import timezone
 
-from django_agentrun import services, start_run
+from django_agentrun import start_run, store
 from django_agentrun.abort import AbortSignal
 from django_agentrun.engine.heartbeat import EXIT_CODE, Heartbeat
 from django_agentrun.identity import holder_is_dead, worker_identity
@@ -40,7 +40,7 @@ def _other_backends() -> list[int]:
 
 
 def _db_now():
-    return services.database_now()
+    return store.database_now()
 
 
 # --------------------------------------------------------------------------- clocks
@@ -48,12 +48,12 @@ def _db_now():
 
 def test_claim__expiry_is_judged_by_the_database_clock(postgres, monkeypatch):
     run = start_run("hardening", "x")
-    first = services.claim_and_load(run.pk, worker_identity(), history=False)
+    first = store.claim(run.pk, worker_identity(), history=False)
     assert first is not None
     # This app server's clock runs two minutes ahead of the others and of the database.
     real_now = timezone.now
     monkeypatch.setattr(timezone, "now", lambda: real_now() + timedelta(minutes=2))
-    assert services.claim_and_load(run.pk, worker_identity(), history=False) is None
+    assert store.claim(run.pk, worker_identity(), history=False) is None
     report = reap()
     assert not [f for f in report.findings if f.run_id == str(run.pk)]
     row = Run.objects.get(pk=run.pk)
@@ -95,7 +95,7 @@ def test_heartbeat__reconnects_after_its_database_backend_is_terminated(postgres
     settings.AGENTRUN_LEASE_SECONDS = 6
     settings.AGENTRUN_HEARTBEAT_SECONDS = 0.2
     run = start_run("hardening", "x")
-    claimed = services.claim_and_load(run.pk, worker_identity(), history=False)
+    claimed = store.claim(run.pk, worker_identity(), history=False)
     abort = AbortSignal()
     before = set(_other_backends())
     beat = Heartbeat(claimed.lease, abort)
@@ -175,7 +175,7 @@ def test_unrenewable_lease__a_stubborn_handler_ends_its_process_before_the_lease
             cursor.execute("SELECT 1 FROM agentrun_run WHERE id = %s FOR UPDATE", [run.pk.hex])
             code = workers.wait_exit(first, timeout=10)
             still_leased = Run.objects.filter(
-                pk=run.pk, lease_expires_at__gt=services.database_now()
+                pk=run.pk, lease_expires_at__gt=store.database_now()
             ).exists()
             cursor.execute("ROLLBACK")
     finally:

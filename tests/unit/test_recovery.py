@@ -74,7 +74,7 @@ def test_recovery__capped_by_the_reaper(monkeypatch, settings, test_log):
 def test_recovery__the_reapers_step_starts_no_further_call(monkeypatch, test_log):
     """recover_in_flight reconciles the dead call but leaves the next one requested
     (it may not go in_flight early: that step runs no handler)."""
-    from django_agentrun.engine.loop import recover_in_flight
+    from django_agentrun.engine import recover_in_flight
 
     monkeypatch.setenv("AGENTRUN_FAILPOINTS", "tool.after_handler@send_message=raise")
     client = ScriptedClient(

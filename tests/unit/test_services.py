@@ -366,11 +366,11 @@ def test_append_only__bulk_update_and_update_or_create_refused(events_run):
 
 
 def test_append_only__new_events_still_append(events_run):
-    from django_agentrun.services import _write_run
+    from django_agentrun import store
 
     before = _event_rows()
-    with transaction.atomic():
-        _write_run(events_run, [("note", {"text": "appended"})])
+    with store.unit() as work:
+        work.write_run(events_run, [("note", {"text": "appended"})])
     after = _event_rows()
     assert after[: len(before)] == before
     assert [row[1:3] for row in after[len(before) :]] == [(4, "note")]
@@ -496,7 +496,7 @@ def test_turn_budget__queries_and_commits(k, monkeypatch, no_broker, figures):
     assert counter.total <= 2 + 2 * k
     assert counter.total == BUDGET[k]["commits"]
     # On Postgres every durable write but the claim's is one statement sent alone
-    # (services.write_unit): the response, the first call's in_flight, then each call's
+    # (store.unit): the response, the first call's in_flight, then each call's
     # result (with the next call's in_flight).
     lone = (k + 2 if k else 1) if connection.vendor == "postgresql" else 0
     assert counter.autocommit_writes == lone
@@ -547,14 +547,14 @@ def test_turn_budget__first_turn(monkeypatch, no_broker):
 def test_claim_and_load__rows_equal_what_the_orm_loads():
     """The claim's own row builder (one round trip, no queryset) gives the same values as
     the ORM, timestamps aware and equal included."""
-    from django_agentrun import services
+    from django_agentrun import store
 
     client = ScriptedClient(
         [reply(text("a"), tool_use("lookup", {"query": "x"})), reply(text("done"))]
     )
     run = start_run("test-agent", "hello")
     advance(run.pk, client=client)
-    claimed = services.claim_and_load(run.pk, "someone")
+    claimed = store.claim(run.pk, "someone")
     assert claimed is not None and claimed.turns and claimed.calls
 
     def values(obj):

@@ -1,0 +1,28 @@
+"""The public commands: start, cancel and resume runs; decide on tool calls. Admin actions,
+API views, tasks and management commands call these (or the reaper); each command is one
+unit of work made of transitions (transitions.py)."""
+
+from __future__ import annotations
+
+from ..tokens import TOKEN_SALT, approval_token, check_approval_token
+from .decisions import (
+    approve_tool_call,
+    reject_tool_call,
+    replace_tool_result,
+    resolve_tool_call,
+)
+from .runs import cancel_run, resume_run, start_run, validate_input
+
+__all__ = [
+    "TOKEN_SALT",
+    "approval_token",
+    "approve_tool_call",
+    "cancel_run",
+    "check_approval_token",
+    "reject_tool_call",
+    "replace_tool_result",
+    "resolve_tool_call",
+    "resume_run",
+    "start_run",
+    "validate_input",
+]

@@ -1,0 +1,227 @@
+"""A person's decisions on tool calls: approve, reject, resolve an unknown outcome, repair a
+stopped run's history; and the signed resume tokens that keep decisions from going stale."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.utils import timezone
+
+from .. import transitions
+from ..agents import get_agent
+from ..content import stored_result
+from ..events import EventType, payloads
+from ..exceptions import ApprovalError, InvalidArguments, InvalidTransition
+from ..fields import check_json, check_text
+from ..models import Run, ToolCall
+from ..states import ResultSource, RunState, ToolCallState
+from ..store import unit
+from ..tokens import check_approval_token
+from ..tools import ToolArgumentsError, arguments_hash
+
+logger = logging.getLogger(__name__)
+
+# Runs no worker advances, whose history a person may repair before resume_run.
+REPAIRABLE = (RunState.FAILED, RunState.CANCELLED, RunState.TIMED_OUT)
+
+
+def _lock_call(tool_call: ToolCall | Any) -> tuple[ToolCall, Run]:
+    pk = getattr(tool_call, "pk", tool_call)
+    run_id = ToolCall.objects.filter(pk=pk).values_list("run_id", flat=True).first()
+    if run_id is None:
+        raise ApprovalError(f"Tool call {pk} does not exist.")
+    # Lock order: run, then call (the engine writes in the same order).
+    run = Run.objects.select_for_update().get(pk=run_id)
+    call = ToolCall.objects.select_for_update().select_related("turn").get(pk=pk)
+    return call, run
+
+
+def _decided(by: Any, note: str) -> dict[str, Any]:
+    return {
+        "decided_by": by if getattr(by, "pk", None) else None,
+        "decided_at": timezone.now(),
+        "decision_note": note,
+    }
+
+
+def approve_tool_call(
+    tool_call: ToolCall | Any,
+    *,
+    by: Any,
+    note: str = "",
+    arguments: dict[str, Any] | None = None,
+    token: str | None = None,
+) -> ToolCall:
+    """Approve a waiting call (optionally with edited arguments, re-validated); twice is a no-op."""
+    check_text(note, "The note")
+    with unit(atomic=True) as work:
+        call, run = _lock_call(tool_call)
+        if call.approved and call.state != ToolCallState.AWAITING_APPROVAL and arguments is None:
+            return call
+        if call.state != ToolCallState.AWAITING_APPROVAL:
+            raise ApprovalError(
+                f"Tool call {call.tool_call_id} is {call.state}, not awaiting approval."
+            )
+        if token is not None:
+            check_approval_token(call, token)
+        fields: dict[str, Any] = {"approved": True, **_decided(by, note)}
+        edited = None
+        if arguments is not None:
+            tool = get_agent(run.agent).tools.get(call.name)
+            if tool is None:
+                raise ApprovalError(f"Tool {call.name} is no longer defined by agent {run.agent}.")
+            try:
+                canonical = tool.validate(arguments)
+            except ToolArgumentsError as exc:
+                raise InvalidArguments(str(exc)) from exc
+            check_json(canonical, "The arguments")
+            if canonical != call.arguments:
+                fields.update(
+                    original_arguments=call.original_arguments or call.arguments,
+                    arguments=canonical,
+                    arguments_hash=arguments_hash(call.name, canonical),
+                )
+                edited = canonical
+        old = transitions.move(call, ToolCallState.REQUESTED)
+        work.update(call, old, **fields)
+        work.record(payloads.approval_granted(call, by, note, edited))
+        transitions.go_on_after_decision(work, run, call)
+    logger.info("Tool call approved run_id=%s tool_call_id=%s", run.pk, call.tool_call_id)
+    return call
+
+
+def reject_tool_call(
+    tool_call: ToolCall | Any, *, by: Any, reason: str, token: str | None = None
+) -> ToolCall:
+    """Decline a waiting call: it closes with an is_error result that tells the model why."""
+    check_text(reason, "The reason")
+    with unit(atomic=True) as work:
+        call, run = _lock_call(tool_call)
+        if call.state == ToolCallState.REJECTED:
+            return call
+        if call.state != ToolCallState.AWAITING_APPROVAL:
+            raise ApprovalError(
+                f"Tool call {call.tool_call_id} is {call.state}, not awaiting approval."
+            )
+        if token is not None:
+            check_approval_token(call, token)
+        text = (
+            f"A person declined this tool call. Reason: {reason or 'no reason given'}. "
+            "Do not retry it as is."
+        )
+        transitions.close_call(
+            work,
+            call,
+            ToolCallState.REJECTED,
+            text,
+            is_error=True,
+            source=ResultSource.PERSON,
+            fields=_decided(by, reason),
+            extra=payloads.decision("rejected", by, reason),
+            kind=EventType.APPROVAL_DECIDED,
+        )
+        transitions.go_on_after_decision(work, run, call)
+    logger.info("Tool call rejected run_id=%s tool_call_id=%s", run.pk, call.tool_call_id)
+    return call
+
+
+def resolve_tool_call(
+    tool_call: ToolCall | Any,
+    *,
+    by: Any,
+    action: str,
+    result: Any = None,
+    note: str = "",
+    token: str | None = None,
+) -> ToolCall:
+    """A person settles a call whose outcome is unknown: `done` (with its result: a JSON
+    value, or a ToolResult), `retry` (one new attempt) or `fail` (an is_error result)."""
+    check_text(note, "The note")
+    done = stored_result(result) if action == "done" else None  # InvalidContent: nothing written
+    with unit(atomic=True) as work:
+        call, run = _lock_call(tool_call)
+        if call.state != ToolCallState.UNKNOWN:
+            raise ApprovalError(f"Tool call {call.tool_call_id} is {call.state}, not unknown.")
+        if token is not None:
+            check_approval_token(call, token)
+        extra = payloads.decision(action, by, note)
+        closing = {
+            "fields": _decided(by, note),
+            "extra": extra,
+            "kind": EventType.TOOL_CALL_RESOLVED,
+        }
+        if action == "done":
+            transitions.close_call(
+                work,
+                call,
+                ToolCallState.SUCCEEDED,
+                done,
+                is_error=False,
+                source=ResultSource.PERSON,
+                **closing,
+            )
+        elif action == "fail":
+            text = f"The tool call failed (decided by a person). {note}".strip()
+            transitions.close_call(
+                work,
+                call,
+                ToolCallState.ERRORED,
+                text,
+                is_error=True,
+                source=ResultSource.PERSON,
+                **closing,
+            )
+        elif action == "retry":
+            old = transitions.move(call, ToolCallState.REQUESTED)
+            work.update(call, old, unknown_reason="", approved=True, **_decided(by, note))
+            work.record(payloads.tool_call_retried(call, extra))
+        else:
+            raise ApprovalError(f"Unknown action {action!r}: use done, retry or fail.")
+        transitions.go_on_after_decision(work, run, call)
+    logger.info(
+        "Tool call resolved run_id=%s tool_call_id=%s action=%s", run.pk, call.tool_call_id, action
+    )
+    return call
+
+
+def replace_tool_result(
+    tool_call: ToolCall | Any, *, by: Any, result: Any, is_error: bool = False, note: str = ""
+) -> ToolCall:
+    """Repair a stopped run's history: replace a closed call's result (a JSON value or a
+    ToolResult) in a failed, cancelled or timed-out run, e.g. one the Messages API
+    refused (`history_rejected`). The call keeps its state; the result is marked as a
+    person's, and a `tool_result_replaced` event says who and why. resume_run then
+    sends the history with the new result."""
+    check_text(note, "The note")
+    stored = stored_result(result)  # InvalidContent: nothing written
+    with unit(atomic=True) as work:
+        call, run = _lock_call(tool_call)
+        if run.state not in REPAIRABLE:
+            raise InvalidTransition(
+                f"Run {run.pk} is {run.state}: tool results can be replaced only in a failed, "
+                "cancelled or timed-out run."
+            )
+        if not call.is_closed:
+            raise InvalidTransition(
+                f"Tool call {call.tool_call_id} is {call.state}: only a closed call's result "
+                "can be replaced."
+            )
+        work.update(
+            call,
+            None,
+            result=stored.value,
+            result_format=stored.format,
+            is_error=is_error,
+            result_source=ResultSource.PERSON,
+        )
+        extra = {"by": payloads.user_id(by), "note": note}
+        work.record(payloads.call_result(call, kind=EventType.TOOL_RESULT_REPLACED, extra=extra))
+        work.write_run(run)
+    logger.info(
+        "Tool result replaced run_id=%s tool_call_id=%s by=%s",
+        run.pk,
+        call.tool_call_id,
+        extra["by"],
+    )
+    return call

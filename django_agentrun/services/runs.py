@@ -1,0 +1,207 @@
+"""Starting, cancelling and resuming runs: the public commands, a few lines each around
+the transitions (transitions.py), each in one unit of work."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from .. import transitions, wakeups
+from ..agents import Agent, get_agent
+from ..content import BLOCK_TYPES, has_cache_control, validate_blocks
+from ..events import payloads
+from ..exceptions import IdempotencyConflict, InvalidInput, RunNotActive, UnknownAgent
+from ..fields import check_json, check_text
+from ..models import Run, RunEvent
+from ..states import RunState
+from ..store import database_now, unit
+
+logger = logging.getLogger(__name__)
+
+# Input blocks that may set cache_control: the API allows 4 breakpoints a request, and
+# the engine places 2 (tools and system).
+INPUT_BREAKPOINTS = 2
+
+
+def validate_input(value: Any) -> Any:
+    """A run's input as it is stored: a non-empty string, or content blocks the Messages
+    API accepts in a user message (InvalidInput naming the block otherwise)."""
+    if isinstance(value, str):
+        if not value.strip():
+            raise InvalidInput("The input must not be empty.")
+        return value
+    if isinstance(value, list) and value:
+        for i, block in enumerate(value):
+            if not isinstance(block, dict) or not isinstance(block.get("type"), str):
+                raise InvalidInput(f"input[{i}] must be a content block with a 'type'.")
+            if block["type"] == "text" and not (
+                isinstance(block.get("text"), str) and block["text"].strip()
+            ):
+                raise InvalidInput(f"input[{i}] is a text block without text.")
+            if block["type"] not in BLOCK_TYPES:
+                raise InvalidInput(
+                    f"input[{i}]: {block['type']} blocks cannot start a run (a run's input holds "
+                    f"{', '.join(BLOCK_TYPES)} blocks)."
+                )
+        # The shapes the Messages API accepts, checked now rather than failing at the model.
+        blocks = validate_blocks(value, where="input")
+        if sum(1 for block in blocks if has_cache_control(block)) > INPUT_BREAKPOINTS:
+            raise InvalidInput(
+                f"At most {INPUT_BREAKPOINTS} input blocks may set cache_control: the API allows "
+                "4 breakpoints a request, and the engine places 2 (tools and system)."
+            )
+        return blocks
+    raise InvalidInput(
+        "The input must be a non-empty string or a non-empty list of content blocks."
+    )
+
+
+def start_run(
+    agent: str | Agent,
+    input: Any,
+    *,
+    owner: Any = None,
+    idempotency_key: str | None = None,
+    metadata: dict[str, Any] | None = None,
+    correlation_id: str | None = None,
+    deadline: datetime | timedelta | None = None,
+) -> Run:
+    """Create a queued run of `agent` and enqueue it on commit.
+
+    With an idempotency key, a second call with the same key (per owner) returns
+    the first run instead of creating another.
+    """
+    agent_obj = get_agent(agent) if isinstance(agent, str) else agent
+    input = validate_input(input)
+    if metadata is not None and not isinstance(metadata, dict):
+        raise InvalidInput("metadata must be a JSON object.")
+    check_json(input, "The input")
+    check_json(metadata, "metadata")
+    check_text(correlation_id, "correlation_id")
+    check_text(idempotency_key, "The idempotency key")
+    if idempotency_key is not None:
+        existing = _existing_run(owner, idempotency_key, agent_obj.name, input)
+        if existing is not None:
+            return existing
+    if isinstance(deadline, timedelta):
+        deadline = timezone.now() + deadline
+    elif deadline is None and agent_obj.deadline is not None:
+        deadline = timezone.now() + agent_obj.deadline
+    try:
+        with transaction.atomic():
+            run = Run.objects.create(
+                agent=agent_obj.name,
+                input=input,
+                config=agent_obj.snapshot(),
+                owner=owner,
+                idempotency_key=idempotency_key,
+                metadata=metadata or {},
+                correlation_id=correlation_id or uuid.uuid4().hex,
+                deadline=deadline,
+                last_seq=1,
+            )
+            kind, payload = payloads.run_created(run, owner)
+            RunEvent.objects.create(
+                run=run, seq=1, type=kind, payload=payload, created_at=run.created_at
+            )
+            transaction.on_commit(lambda: wakeups.send(run.pk))
+    except IntegrityError:
+        if idempotency_key is None:
+            raise
+        existing = _existing_run(owner, idempotency_key, agent_obj.name, input)
+        if existing is None:
+            raise
+        return existing
+    logger.info("Run started run_id=%s agent=%s", run.pk, run.agent)
+    return run
+
+
+def _existing_run(owner: Any, key: str, agent: str, input: Any) -> Run | None:
+    run = Run.objects.filter(owner=owner, idempotency_key=key).first()
+    if run is not None and (run.agent != agent or run.input != input):
+        raise IdempotencyConflict(
+            f"Idempotency key {key!r} was used for another run ({run.pk}) with a different "
+            "agent or input."
+        )
+    return run
+
+
+def _lease_live(run: Run, now: datetime) -> bool:
+    return bool(run.lease_owner) and run.lease_expires_at is not None and run.lease_expires_at > now
+
+
+def cancel_run(run: Run | Any, *, by: Any = None, reason: str = "") -> Run:
+    """Ask a run to stop. Applied at once when no worker holds it; otherwise the holder
+    sees the request within about a second and closes the turn cleanly."""
+    check_text(reason, "The reason")
+    with unit(atomic=True) as work:
+        run = Run.objects.select_for_update().get(pk=getattr(run, "pk", run))
+        if run.state == RunState.CANCELLED:
+            return run
+        if not run.is_active:
+            raise RunNotActive(f"Run {run.pk} is {run.state}: there is nothing to cancel.")
+        fields: dict[str, Any] = {}
+        if run.cancel_requested_at is None:
+            fields = {
+                "cancel_requested_at": timezone.now(),
+                "cancel_reason": reason,
+                "cancel_requested_by": by if getattr(by, "pk", None) else None,
+            }
+            work.record(payloads.cancel_requested(by, reason))
+        if run.state in (RunState.QUEUED, RunState.AWAITING_APPROVAL) or not _lease_live(
+            run, database_now()
+        ):
+            reason = reason or run.cancel_reason or "cancelled"
+            transitions.close_run(work, run, None, RunState.CANCELLED, reason, fields=fields)
+        else:
+            work.write_run(run, fields=fields)
+    logger.info("Cancel requested run_id=%s state=%s", run.pk, run.state)
+    return run
+
+
+def resume_run(run: Run | Any, *, by: Any = None) -> Run:
+    """Queue a failed, cancelled or timed-out run again; it continues from its history."""
+    with unit(atomic=True) as work:
+        run = Run.objects.select_for_update().get(pk=getattr(run, "pk", run))
+        now = timezone.now()
+        old = transitions.move(run, RunState.QUEUED)
+        fields: dict[str, Any] = {
+            "error_code": "",
+            "error_message": "",
+            "failure_phase": "",
+            "stop_reason": "",
+            "cancel_requested_at": None,
+            "cancel_reason": "",
+            "cancel_requested_by": None,
+            "recovery_attempts": 0,
+            "queued_at": now,
+            "finished_at": None,
+            **transitions.released(),
+        }
+        if run.deadline is not None and run.deadline <= now:
+            # A passed deadline would end it again at once. The agent's own time limit
+            # starts over; a one-off deadline given to start_run is dropped.
+            limit = _agent_deadline_seconds(run)
+            fields["deadline"] = now + timedelta(seconds=limit) if limit else None
+        work.record(payloads.run_resumed(run, by, old))
+        work.write_run(run, old_state=old, fields=fields)
+        transitions.wake(work, run.pk)
+    logger.info("Run resumed run_id=%s", run.pk)
+    return run
+
+
+def _agent_deadline_seconds(run: Run) -> float | None:
+    """The agent's time limit for a run, from its configuration snapshot (runs created
+    before it was snapshotted: the agent as registered now)."""
+    if "deadline_seconds" in (run.config or {}):
+        return run.config["deadline_seconds"]
+    try:
+        deadline = get_agent(run.agent).deadline
+    except UnknownAgent:
+        return None
+    return deadline.total_seconds() if deadline else None
