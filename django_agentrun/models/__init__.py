@@ -1,0 +1,26 @@
+"""Runs, turns, tool calls and the append-only event log.
+
+State fields are django-fsm-2 `FSMField(protected=True)`: transitions change
+state in memory (one method per target state, generated from `states.py`), and
+`transitions.py` persists them (through `store`) with a compare-and-set UPDATE in the same
+transaction as the events that record them.
+"""
+
+from __future__ import annotations
+
+from .base import UsageCounts, idempotency_key_for
+from .calls import ToolCall, ToolCallQuerySet, Turn
+from .events import RunEvent, RunEventQuerySet
+from .runs import Run, RunQuerySet
+
+__all__ = [
+    "Run",
+    "RunEvent",
+    "RunEventQuerySet",
+    "RunQuerySet",
+    "ToolCall",
+    "ToolCallQuerySet",
+    "Turn",
+    "UsageCounts",
+    "idempotency_key_for",
+]

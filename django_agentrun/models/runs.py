@@ -1,0 +1,171 @@
+"""The run: its states, usage, lease, and the querysets the reaper and the API use."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+from django_fsm import FSMField, FSMModelMixin
+
+from ..fields import json_field
+from ..permissions import VIEW_ALL_PERMISSION
+from ..states import (
+    RUN_ACTIVE,
+    RUN_TRANSITIONS,
+    RunState,
+)
+from .base import UsageCounts, transition_to, width
+
+
+class RunQuerySet(models.QuerySet["Run"]):
+    def active(self) -> RunQuerySet:
+        return self.filter(state__in=RUN_ACTIVE)
+
+    def leased(self) -> RunQuerySet:
+        return self.filter(state__in=[RunState.RUNNING, RunState.AWAITING_TOOL])
+
+    def lease_expired(self, now=None) -> RunQuerySet:
+        """Runs a worker was advancing whose lease ran out (the worker died or hung)."""
+        now = now or timezone.now()
+        return self.leased().filter(lease_expires_at__lt=now)
+
+    def queued_stale(self, before) -> RunQuerySet:
+        """Queued runs nobody claimed since `before` (their message was lost)."""
+        return self.filter(state=RunState.QUEUED, queued_at__lt=before)
+
+    def past_deadline(self, now=None) -> RunQuerySet:
+        now = now or timezone.now()
+        return self.active().filter(deadline__lt=now)
+
+    def awaiting_approval(self) -> RunQuerySet:
+        return self.filter(state=RunState.AWAITING_APPROVAL)
+
+    def visibletransition_to(self, user) -> RunQuerySet:
+        """Runs `user` may see: their own, or all of them with the view permission."""
+        if user.is_superuser or user.has_perm(VIEW_ALL_PERMISSION):
+            return self
+        return self.filter(owner=user)
+
+
+class Run(FSMModelMixin, UsageCounts):
+    """One durable agent run."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    agent = models.CharField(max_length=200, db_index=True)
+    state = FSMField(
+        default=RunState.QUEUED,
+        choices=RunState.choices,
+        max_length=width(RunState),
+        protected=True,
+    )
+    input = json_field(help_text="The initial user input: a string or content blocks.")
+    config = json_field(
+        default=dict, help_text="Snapshot of the agent's configuration when the run was created."
+    )
+    correlation_id = models.CharField(max_length=200, blank=True, db_index=True)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="agent_runs",
+    )
+    metadata = json_field(default=dict, blank=True)
+    # NULL, not "": runs without a key must not collide in the unique constraints.
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
+
+    # Usage totals (UsageCounts), counted once per recorded response.
+    cost_usd = models.DecimalField(max_digits=14, decimal_places=6, default=0)
+    turn_count = models.PositiveIntegerField(default=0)
+
+    output = json_field(null=True, blank=True)
+    stop_reason = models.CharField(max_length=64, blank=True)
+    error_code = models.CharField(max_length=64, blank=True)
+    error_message = models.TextField(blank=True)
+    failure_phase = models.CharField(max_length=32, blank=True)
+    last_checkpoint = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Event seq of the last checkpoint before the failure."
+    )
+
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    cancel_reason = models.TextField(blank=True)
+    cancel_requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    deadline = models.DateTimeField(null=True, blank=True)
+
+    lease_owner = models.CharField(max_length=200, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    lease_epoch = models.BigIntegerField(default=0)
+    recovery_attempts = models.PositiveIntegerField(default=0)
+    last_seq = models.PositiveIntegerField(default=0, help_text="Seq of the newest event.")
+
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    updated_at = models.DateTimeField(default=timezone.now)
+    queued_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = RunQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+        permissions = [
+            ("cancel_run", "Can cancel and resume agent runs"),
+            ("view_all_runs", "Can view every agent run, not only their own"),
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["owner", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False, owner__isnull=False),
+                name="agentrun_run_owner_idem_key",
+            ),
+            models.UniqueConstraint(
+                fields=["idempotency_key"],
+                condition=Q(idempotency_key__isnull=False, owner__isnull=True),
+                name="agentrun_run_anon_idem_key",
+            ),
+        ]
+        indexes = [
+            # The reaper's hot queries, each with its own partial index.
+            models.Index(
+                fields=["lease_expires_at"],
+                condition=Q(state__in=[RunState.RUNNING, RunState.AWAITING_TOOL]),
+                name="agentrun_run_leased_idx",
+            ),
+            models.Index(
+                fields=["queued_at"],
+                condition=Q(state=RunState.QUEUED),
+                name="agentrun_run_queued_idx",
+            ),
+            models.Index(
+                fields=["deadline"],
+                condition=Q(state__in=sorted(RUN_ACTIVE), deadline__isnull=False),
+                name="agentrun_run_deadline_idx",
+            ),
+            models.Index(fields=["owner", "-created_at"], name="agentrun_run_owner_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.agent} run {self.id} ({self.state})"
+
+    # Transitions: one per target state, sources from RUN_TRANSITIONS.
+    to_queued = transition_to(state, RUN_TRANSITIONS, RunState.QUEUED)
+    to_running = transition_to(state, RUN_TRANSITIONS, RunState.RUNNING)
+    to_awaiting_tool = transition_to(state, RUN_TRANSITIONS, RunState.AWAITING_TOOL)
+    to_awaiting_approval = transition_to(state, RUN_TRANSITIONS, RunState.AWAITING_APPROVAL)
+    to_completed = transition_to(state, RUN_TRANSITIONS, RunState.COMPLETED)
+    to_failed = transition_to(state, RUN_TRANSITIONS, RunState.FAILED)
+    to_cancelled = transition_to(state, RUN_TRANSITIONS, RunState.CANCELLED)
+    to_timed_out = transition_to(state, RUN_TRANSITIONS, RunState.TIMED_OUT)
+
+    @property
+    def is_active(self) -> bool:
+        return self.state in RUN_ACTIVE
