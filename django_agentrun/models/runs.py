@@ -43,7 +43,7 @@ class RunQuerySet(models.QuerySet["Run"]):
     def awaiting_approval(self) -> RunQuerySet:
         return self.filter(state=RunState.AWAITING_APPROVAL)
 
-    def visibletransition_to(self, user) -> RunQuerySet:
+    def visible_to(self, user) -> RunQuerySet:
         """Runs `user` may see: their own, or all of them with the view permission."""
         if user.is_superuser or user.has_perm(VIEW_ALL_PERMISSION):
             return self
