@@ -23,6 +23,7 @@ test: install lint checks test-sqlite test-postgres test-postgres-ssb test-postg
 lint: install
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m ruff format --check .
+	$(VENV)/bin/lint-imports
 
 checks: install
 	env -u DATABASE_URL DJANGO_SETTINGS_MODULE=example_project.settings $(PYTHON) manage.py check --fail-level WARNING

@@ -23,7 +23,7 @@ def width(choices: type[models.TextChoices]) -> int:
 def transition_to(field: FSMField, table: dict[str, frozenset[str]], target: str) -> Any:
     """The django-fsm transition to `target`, its sources read from `table` (states.py).
 
-    It changes the state in memory only; services.py persists it with its events."""
+    It changes the state in memory only; transitions.py persists it with its event."""
 
     def method(self: Any) -> None:
         pass
