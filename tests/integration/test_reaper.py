@@ -196,6 +196,8 @@ def test_two_reapers__second_reaper_in_the_commit_window_acts_once(
     for run in runs:
         finish(run, script)
         assert_projection_matches(run)
+        # The worker that claims the released run does not count the recovery again.
+        assert kinds(run)["recovery"] == 1, (run.pk, kinds(run))
 
 
 def test_two_reapers__past_deadline_timed_out_once(postgres):
