@@ -18,7 +18,7 @@ from django_fsm import TransitionNotAllowed
 
 from . import signals, wakeups
 from .content import StoredResult
-from .events import payloads
+from .events import EventType, payloads
 from .exceptions import InvalidTransition
 from .fields import storable_text
 from .models import Run, ToolCall, Turn
@@ -77,7 +77,7 @@ def close_call(
     source: str,
     fields: dict[str, Any] | None = None,
     extra: dict[str, Any] | None = None,
-    kind: str = "tool_call_finished",
+    kind: str = EventType.TOOL_CALL_FINISHED,
 ) -> None:
     """Close a call with its result: a StoredResult (content.stored_result), or a JSON value
     (e.g. the text of a synthetic result)."""
@@ -94,6 +94,32 @@ def close_call(
         **(fields or {}),
     )
     unit.record(payloads.call_result(call, kind=kind, extra=extra))
+
+
+def retry_call(
+    unit: Unit, call: ToolCall, decided: dict[str, Any], decision: dict[str, Any]
+) -> None:
+    """unknown -> requested: a person allows one new attempt (approved: it runs as is)."""
+    old = move(call, ToolCallState.REQUESTED)
+    unit.update(call, old, unknown_reason="", approved=True, **decided)
+    unit.record(payloads.tool_call_retried(call, decision))
+
+
+def replace_result(
+    unit: Unit, call: ToolCall, stored: StoredResult, *, is_error: bool, by: Any, note: str
+) -> None:
+    """A person replaces a closed call's result (repairing a stopped run's history); the
+    call keeps its state."""
+    unit.update(
+        call,
+        None,
+        result=stored.value,
+        result_format=stored.format,
+        is_error=is_error,
+        result_source=ResultSource.PERSON,
+    )
+    extra = {"by": payloads.user_id(by), "note": note}
+    unit.record(payloads.call_result(call, kind=EventType.TOOL_RESULT_REPLACED, extra=extra))
 
 
 def requeue_call(unit: Unit, call: ToolCall, policy: str) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..clients.base import USAGE_KEYS
 from ..content import render_result
+from ..events import EventType
 from .history import TurnRecord, build_messages
 
 
@@ -45,14 +46,14 @@ def project(events: Iterable[Any]) -> Projection:
         key = (payload.get("turn_index"), payload.get("tool_call_id"))
         if "tool_call_state" in payload:
             out.tool_call_states[key] = payload["tool_call_state"]
-        if kind == "run_created":
+        if kind == EventType.RUN_CREATED:
             run_input = payload["input"]
-        elif kind == "model_response":
+        elif kind == EventType.MODEL_RESPONSE:
             if not payload.get("discarded"):
                 contents[payload["turn_index"]] = payload["content"]
             for name in USAGE_KEYS:
                 out.usage[name] += int(payload["usage"].get(name, 0))
-        elif kind == "tool_call_requested":
+        elif kind == EventType.TOOL_CALL_REQUESTED:
             positions[key] = payload["position"]
         if "result" in payload and "tool_call_state" in payload:
             # tool_call_finished/resolved, approval_decided (rejected), tool_result_replaced.
@@ -65,13 +66,13 @@ def project(events: Iterable[Any]) -> Projection:
             if payload.get("is_error"):
                 block["is_error"] = True
             results[key] = block
-        if kind == "run_completed":
+        if kind == EventType.RUN_COMPLETED:
             out.stop_reason = payload["stop_reason"]
-        elif kind in ("run_cancelled", "run_timed_out"):
+        elif kind in (EventType.RUN_CANCELLED, EventType.RUN_TIMED_OUT):
             out.stop_reason = kind.removeprefix("run_")
-        elif kind == "run_failed":
+        elif kind == EventType.RUN_FAILED:
             out.error_code = payload["error_code"]
-        elif kind == "run_resumed":
+        elif kind == EventType.RUN_RESUMED:
             out.stop_reason, out.error_code = "", ""
     records = []
     for index, content in contents.items():

@@ -151,31 +151,18 @@ def resolve_tool_call(
             "extra": extra,
             "kind": EventType.TOOL_CALL_RESOLVED,
         }
-        if action == "done":
-            transitions.close_call(
-                work,
-                call,
-                ToolCallState.SUCCEEDED,
-                done,
-                is_error=False,
-                source=ResultSource.PERSON,
-                **closing,
+        if action in ("done", "fail"):
+            failed = f"The tool call failed (decided by a person). {note}".strip()
+            target, value, is_error = (
+                (ToolCallState.SUCCEEDED, done, False)
+                if action == "done"
+                else (ToolCallState.ERRORED, failed, True)
             )
-        elif action == "fail":
-            text = f"The tool call failed (decided by a person). {note}".strip()
             transitions.close_call(
-                work,
-                call,
-                ToolCallState.ERRORED,
-                text,
-                is_error=True,
-                source=ResultSource.PERSON,
-                **closing,
+                work, call, target, value, is_error=is_error, source=ResultSource.PERSON, **closing
             )
         elif action == "retry":
-            old = transitions.move(call, ToolCallState.REQUESTED)
-            work.update(call, old, unknown_reason="", approved=True, **_decided(by, note))
-            work.record(payloads.tool_call_retried(call, extra))
+            transitions.retry_call(work, call, _decided(by, note), extra)
         else:
             raise ApprovalError(f"Unknown action {action!r}: use done, retry or fail.")
         transitions.go_on_after_decision(work, run, call)
@@ -207,21 +194,12 @@ def replace_tool_result(
                 f"Tool call {call.tool_call_id} is {call.state}: only a closed call's result "
                 "can be replaced."
             )
-        work.update(
-            call,
-            None,
-            result=stored.value,
-            result_format=stored.format,
-            is_error=is_error,
-            result_source=ResultSource.PERSON,
-        )
-        extra = {"by": payloads.user_id(by), "note": note}
-        work.record(payloads.call_result(call, kind=EventType.TOOL_RESULT_REPLACED, extra=extra))
+        transitions.replace_result(work, call, stored, is_error=is_error, by=by, note=note)
         work.write_run(run)
     logger.info(
         "Tool result replaced run_id=%s tool_call_id=%s by=%s",
         run.pk,
         call.tool_call_id,
-        extra["by"],
+        payloads.user_id(by),
     )
     return call
