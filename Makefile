@@ -29,24 +29,28 @@ checks: install
 	env -u DATABASE_URL DJANGO_SETTINGS_MODULE=example_project.settings $(PYTHON) manage.py check --fail-level WARNING
 	env -u DATABASE_URL DJANGO_SETTINGS_MODULE=example_project.settings $(PYTHON) manage.py makemigrations --check --dry-run
 
-# The unit tier needs no services: SQLite in memory, scripted model client.
+# Tests live in tiers by what they need (tests/conftest.py): pure (no database), db (any
+# database), postgres (Postgres only), workers (real Celery worker processes on Postgres
+# and Redis). Each run below takes the tiers whose outcome can differ on its database.
+
+# SQLite in memory, scripted model client: no services.
 test-sqlite: install
-	env -u DATABASE_URL $(PYTHON) -m pytest tests/unit -q
+	env -u DATABASE_URL $(PYTHON) -m pytest tests/pure tests/db -q
 
-# Everything on Postgres, with Redis and real Celery worker processes.
+# Postgres on psycopg 3, with Redis and real Celery worker processes.
 test-postgres: install
-	DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest tests -q
+	DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest tests/db tests/postgres tests/workers -q
 
-# The unit tier again with Django's server-side parameter binding (psycopg), which the
-# engine's raw SQL must also work with.
+# Again with Django's server-side parameter binding (psycopg), which the engine's and the
+# reaper's raw SQL must also work with.
 test-postgres-ssb: install
-	AGENTRUN_TEST_SERVER_SIDE_BINDING=1 DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest tests/unit -q
+	AGENTRUN_TEST_SERVER_SIDE_BINDING=1 DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest tests/db tests/postgres -q
 
-# Everything on Postgres again through psycopg2 (projects on the older driver): the tests
-# make `import psycopg` fail, so Django and the app fall back to psycopg2, workers included.
-# Tests that do not touch the driver (the demo on SQLite, the fresh project's own) run once.
+# Again through psycopg2 (projects on the older driver): the tests make `import psycopg`
+# fail, so Django and the app fall back to psycopg2, workers included. Tests marked
+# one_driver (the API's and admin's surfaces, the demo on SQLite, the fresh project) run once.
 test-postgres-psycopg2: install
-	AGENTRUN_TEST_PSYCOPG2=1 DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest tests -q -m "not one_driver"
+	AGENTRUN_TEST_PSYCOPG2=1 DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest tests/db tests/postgres tests/workers -q -m "not one_driver"
 
 # The seed's scenario with real processes; SQLite and a server-less broker unless told otherwise.
 demo: install

@@ -1,15 +1,28 @@
-"""Shared fixtures: the scripted model client, projection checks, the figures report."""
+"""Shared fixtures: the scripted model client, projection checks, the figures report,
+the Postgres tiers' database, a local Messages API server, a broker kept away.
+
+Tests live in tiers by what they need (the Makefile picks tiers per database run):
+`tests/pure` no database, `tests/db` a database (SQLite or Postgres), `tests/postgres`
+Postgres only, `tests/workers` real Celery worker processes on Postgres and Redis.
+Builders of typical runs (parked, failed, expired...) are in `tests/factories.py`.
+"""
 
 from __future__ import annotations
 
+import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
+from django.db import connection
 
 from django_agentrun.clients import reset_model_client_cache
 from django_agentrun.engine.projection import project
 from django_agentrun.models import Run, RunEvent
+from django_agentrun.testing.messages_api import MessagesAPIServer
+
+TIERS = ("pure", "db", "postgres", "workers")
 
 _FIGURES = pytest.StashKey[list[str]]()
 
@@ -20,6 +33,22 @@ def figures(request) -> Callable[[str], None]:
     follows the test run, instead of printing it between pytest's dots."""
     lines = request.config.stash.setdefault(_FIGURES, [])
     return lines.append
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test module lives in a tier; one in `tests/pure` may not touch a database."""
+    for item in items:
+        parts = item.path.relative_to(config.rootpath).parts
+        tier = parts[1] if len(parts) > 2 and parts[0] == "tests" else None
+        if tier not in TIERS:
+            raise pytest.UsageError(
+                f"{item.nodeid}: a test module belongs in tests/<{'|'.join(TIERS)}>"
+            )
+        if tier == "pure" and (
+            item.get_closest_marker("django_db")
+            or set(getattr(item, "fixturenames", ())) & set(_DB_FIXTURES)
+        ):
+            raise pytest.UsageError(f"{item.nodeid}: uses a database; move it to tests/db")
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
@@ -65,6 +94,54 @@ def _fresh_client_cache():
 _DB_FIXTURES = ("transactional_db", "db", "postgres", "live_server")
 
 
+@pytest.fixture
+def postgres(transactional_db):
+    """The Postgres test database's name (what worker subprocesses connect to); the
+    Postgres-only tiers skip elsewhere."""
+    if connection.vendor != "postgresql":
+        pytest.skip("needs Postgres (set DATABASE_URL)")
+    return connection.settings_dict["NAME"]
+
+
+@pytest.fixture
+def queue(settings) -> str:
+    """A queue of this test's own, so leftovers of other tests never reach its workers."""
+    name = f"agentrun-test-{uuid.uuid4().hex[:8]}"
+    settings.AGENTRUN_QUEUE = name
+    return name
+
+
+@pytest.fixture
+def test_log(tmp_path, monkeypatch) -> Path:
+    """The file the test tools append to (one line per execution), in every process."""
+    path = tmp_path / "executions.jsonl"
+    monkeypatch.setenv("AGENTRUN_TEST_LOG", str(path))
+    return path
+
+
+@pytest.fixture
+def messages_api() -> Iterator[MessagesAPIServer]:
+    with MessagesAPIServer() as server:
+        yield server
+
+
+@pytest.fixture
+def no_broker(monkeypatch) -> list[str]:
+    """Record the wake-ups (run ids, in order) instead of publishing them: for tests whose
+    commits run on_commit callbacks but need no worker. Safe from several threads."""
+    from django_agentrun import tasks
+
+    sent: list[str] = []
+    lock = threading.Lock()
+
+    def record(*args, **kwargs):
+        with lock:
+            sent.append(str(kwargs.get("args", args)[0]))
+
+    monkeypatch.setattr(tasks.advance_run, "apply_async", record)
+    return sent
+
+
 @pytest.fixture(autouse=True)
 def _every_run_projects(request):
     """Invariant 7 on every run any test creates: the events alone rebuild the rows."""
@@ -99,6 +176,22 @@ def drive(run: Run, client, limit: int = 30) -> list[str]:
             break
     run.refresh_from_db()
     return outcomes
+
+
+def drive_last(run: Run, client, limit: int = 30) -> str:
+    """`drive`, and the last outcome."""
+    return drive(run, client, limit)[-1]
+
+
+def assert_api_error(response, status: int, code: str) -> dict:
+    """The API's one error shape: JSON {"code", "detail"} (and "errors" for field errors)."""
+    assert response.status_code == status, (response.status_code, response.content[:300])
+    assert response["Content-Type"] == "application/json", response["Content-Type"]
+    body = response.json()
+    assert body["code"] == code, body
+    assert isinstance(body["detail"], str) and body["detail"], body
+    assert set(body) <= {"code", "detail", "errors"}, body
+    return body
 
 
 def assert_projection_matches(run: Run) -> None:

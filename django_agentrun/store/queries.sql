@@ -1,7 +1,7 @@
 -- Every statement the engine and the reaper write by hand, by name (store/sql.py loads
 -- them once). `{slot}`s are filled only with identifiers, column lists and placeholder
--- lists built from the models; values are always parameters (%s). tests/unit/store/
--- test_golden.py renders each write shape of a turn, so a change here shows in review.
+-- lists built from the models; values are always parameters (%s).
+-- tests/postgres/test_golden_sql.py renders each write shape of a turn, so a change here shows in review.
 
 -- name: claim_released
 -- Take a released lease (the usual case): no recovery is counted.

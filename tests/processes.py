@@ -1,0 +1,127 @@
+"""Real processes for the tests that need them: Celery workers on Redis against the
+Postgres test database (started and SIGKILLed by `Workers`), and `wait_for`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from django_agentrun.testing.messages_api import MessagesAPIServer
+from tests.worker_process import celery_worker_argv
+
+ROOT = Path(__file__).resolve().parents[1]
+# The Redis server of the worker tier (db 9; the fresh-project test uses db 11).
+REDIS_URL = os.environ.get("AGENTRUN_TEST_REDIS", "redis://127.0.0.1:6379").rstrip("/")
+
+
+class Workers:
+    """Start and kill real `celery worker` processes for one test."""
+
+    def __init__(
+        self, db_name: str, queue: str, api: MessagesAPIServer | None, log: Path, tmp: Path
+    ):
+        self.db_name = db_name
+        self.queue = queue
+        self.api = api
+        self.log = log
+        self.tmp = tmp
+        self.procs: list[subprocess.Popen] = []
+        self.count = 0
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "tests.settings",
+            "AGENTRUN_TEST_DB_NAME": self.db_name,
+            "AGENTRUN_QUEUE": self.queue,
+            "AGENTRUN_TEST_LOG": str(self.log),
+            "AGENTRUN_TEST_BROKER_URL": os.environ.get(
+                "AGENTRUN_TEST_BROKER_URL", f"{REDIS_URL}/9"
+            ),
+            "AGENTRUN_LOG_LEVEL": "INFO",
+            "PYTHONUNBUFFERED": "1",
+        }
+        env.pop("AGENTRUN_FAILPOINTS", None)
+        if self.api is not None:
+            env.update(
+                AGENTRUN_MODEL_CLIENT="django_agentrun.clients.anthropic.AnthropicModelClient",
+                ANTHROPIC_BASE_URL=self.api.base_url,
+                ANTHROPIC_API_KEY="test-key",
+            )
+        env.update(extra)
+        return env
+
+    def start(
+        self,
+        *,
+        pool: str = "solo",
+        concurrency: int = 1,
+        failpoints: str = "",
+        prefix: tuple[str, ...] = (),
+        **extra: str,
+    ) -> subprocess.Popen:
+        """A worker; `prefix` goes before its command line (e.g. to start it in another
+        PID namespace)."""
+        self.count += 1
+        name = f"w{self.count}-{self.queue}@%h"
+        env = self.env(**extra)
+        if failpoints:
+            env["AGENTRUN_FAILPOINTS"] = failpoints
+        with open(self.tmp / f"worker{self.count}.log", "wb") as out:
+            proc = subprocess.Popen(
+                [
+                    *prefix,
+                    *celery_worker_argv(self.queue, name, pool=pool, concurrency=concurrency),
+                ],
+                cwd=ROOT,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        proc.log_path = self.tmp / f"worker{self.count}.log"  # type: ignore[attr-defined]
+        self.procs.append(proc)
+        return proc
+
+    def kill(self, proc: subprocess.Popen) -> None:
+        """SIGKILL the worker and every process of its group (a power cut)."""
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=10)
+
+    def wait_exit(self, proc: subprocess.Popen, timeout: float = 30) -> int:
+        return proc.wait(timeout=timeout)
+
+    def logs(self) -> str:
+        return "\n".join(
+            f"--- {p.log_path.name} ---\n{p.log_path.read_text(errors='replace')[-4000:]}"  # type: ignore[attr-defined]
+            for p in self.procs
+        )
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                    proc.wait(timeout=5)
+                except (ProcessLookupError, subprocess.TimeoutExpired):
+                    self.kill(proc)
+
+
+def wait_for(
+    predicate: Callable[[], object], timeout: float = 30, interval: float = 0.1, message: str = ""
+) -> object:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message or predicate}")
+        time.sleep(interval)

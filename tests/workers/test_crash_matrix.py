@@ -1,0 +1,129 @@
+"""Kill a real worker at every failpoint; a fresh worker and the reaper finish the run.
+
+Each run: turn 0 sends a message (non_idempotent, with a reconcile check), turn 1
+looks something up (read_only) and saves a note (idempotent_write), turn 2 answers.
+The failpoint fires the first time it is reached, in the first worker, which dies
+at once (os._exit, solo pool: the whole worker). Then the counters must hold.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from django_agentrun import start_run
+from django_agentrun.failpoints import POINTS
+from django_agentrun.recovery import reap
+from django_agentrun.testing.messages_api import Reply, by_step, text, tool_use
+from tests.conftest import assert_projection_matches
+from tests.processes import wait_for
+from tests.testapp.agents import executions
+
+TERMINAL = {"completed", "failed", "cancelled", "timed_out", "awaiting_approval"}
+
+
+def script():
+    return by_step(
+        [
+            Reply(
+                [
+                    text("Sending."),
+                    tool_use(
+                        "send_message", {"to": "ann@example.com", "body": "Hi"}, id="toolu_send"
+                    ),
+                ]
+            ),
+            Reply(
+                [
+                    tool_use("lookup", {"query": "order"}, id="toolu_look"),
+                    tool_use("save_note", {"text": "n"}, id="toolu_note"),
+                ]
+            ),
+            Reply([text("All done.")]),
+        ]
+    )
+
+
+def finish(run, workers, timeout=60):
+    """Reap until the run reaches a resting state (the reaper re-enqueues after the lease expires)."""
+
+    def resting():
+        reap(stale_after=1)
+        run.refresh_from_db()
+        return run.state in TERMINAL
+
+    try:
+        wait_for(resting, timeout=timeout, interval=0.3, message=f"run {run.pk} to finish")
+    except AssertionError:
+        print(workers.logs())
+        raise
+
+
+# save_note is the second call of its turn: it goes in_flight in the commit that records
+# lookup's result, so these kill the worker inside and around that shared commit.
+SECOND_CALL = [
+    "tool.after_commit@lookup",
+    "tool.before_handler@save_note",
+    "tool.after_handler@save_note",
+]
+
+
+@pytest.mark.parametrize("point", sorted(POINTS) + SECOND_CALL)
+def test_crash_at__every_failpoint(point, workers, messages_api, settings):
+    settings.AGENTRUN_LEASE_SECONDS = 2
+    messages_api.script = script()
+    first = workers.start(failpoints=f"{point}=crash", AGENTRUN_LEASE_SECONDS="2")
+    run = start_run("test-agent", "Tell Ann her order shipped.")
+    code = workers.wait_exit(first, timeout=60)
+    assert code != 0, f"worker 1 should have crashed at {point}\n{workers.logs()}"
+    workers.start(AGENTRUN_LEASE_SECONDS="2")
+    finish(run, workers)
+
+    assert run.state == "completed", (run.state, run.error_code, run.error_message, workers.logs())
+    assert_projection_matches(run)
+    assert not messages_api.script_errors
+    steps = messages_api.steps()
+    # Each model step requested once; twice only when the crash came before the answer committed.
+    assert set(steps) == {0, 1, 2}
+    twice = {s for s, n in steps.items() if n > 1}
+    assert all(steps[s] == 2 for s in twice)
+    if point == "model.before_commit":
+        assert twice == {0}
+    else:
+        assert twice == set()
+    sent = executions("send_message")
+    assert len(sent) == 1, sent
+    call = run.tool_calls.get(tool_call_id="toolu_send")
+    # Killed after the provider accepted it, before the result was checkpointed: the
+    # reconcile check finds it by its idempotency key and records its message id.
+    expected = "reconciled" if point == "tool.after_handler" else "executed"
+    assert call.result_source == expected
+    assert f"m-{call.idempotency_key[:12]}" in str(call.result)
+    for kind in ("lookup", "save_note"):
+        rows = executions(kind)
+        assert 1 <= len(rows) <= 2, (kind, rows)
+        assert len({r["key"] for r in rows}) == 1
+    # The usage of every recorded response is counted once.
+    assert run.turn_count == 3
+
+
+def test_non_idempotent_without_check__waits_for_a_person(workers, messages_api, settings):
+    settings.AGENTRUN_LEASE_SECONDS = 2
+    messages_api.script = by_step(
+        [
+            Reply([tool_use("charge_card", {"amount_cents": 500}, id="toolu_charge")]),
+            Reply([text("Charged.")]),
+        ]
+    )
+    first = workers.start(failpoints="tool.after_handler=crash", AGENTRUN_LEASE_SECONDS="2")
+    run = start_run("test-agent", "Charge 5 dollars.")
+    workers.wait_exit(first, timeout=60)
+    workers.start(AGENTRUN_LEASE_SECONDS="2")
+    finish(run, workers)
+    assert run.state == "awaiting_approval"
+    call = run.tool_calls.get()
+    assert call.state == "unknown"
+    time.sleep(1)
+    assert len(executions("charge_card")) == 1
+    assert_projection_matches(run)
