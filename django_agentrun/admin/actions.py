@@ -7,7 +7,7 @@ every action here checks its permission itself.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from django import forms
@@ -55,6 +55,35 @@ class ServiceActionsMixin:
                 messages.ERROR,
             )
 
+    def apply_each(
+        self,
+        request: HttpRequest,
+        objects: Iterable[Any],
+        apply: Callable[[Any], Any],
+        *,
+        label: Callable[[Any], str],
+        logged: str,
+        done_message: tuple[str, str],
+    ) -> None:
+        """Apply a service to each object: a change-log entry for each one done, one
+        message with the count, one error message per refusal (labelled by `label`)."""
+        done, errors = 0, []
+        for obj in objects:
+            try:
+                apply(obj)
+            except AgentRunError as exc:
+                errors.append(f"{label(obj)}: {exc}")
+            else:
+                done += 1
+                self.log_change(request, obj, logged)
+        if done:
+            self.message_user(
+                request,
+                ngettext(done_message[0], done_message[1], done) % {"count": done},
+                messages.SUCCESS,
+            )
+        self.report_errors(request, errors)
+
     def refuse(self, request: HttpRequest, perm: str) -> None:
         self.message_user(
             request,
@@ -75,6 +104,10 @@ class ServiceActionsMixin:
         return super().changelist_view(request, extra_context)  # type: ignore[misc]
 
 
+def _run_label(run: Run) -> str:
+    return f"Run {run.pk}"
+
+
 class RunActionsMixin(ServiceActionsMixin):
     """Cancel and resume the selected runs (`cancel_run`, `resume_run`)."""
 
@@ -85,49 +118,33 @@ class RunActionsMixin(ServiceActionsMixin):
     def cancel_selected(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
         if not self.has_cancel_permission(request):
             return self.refuse(request, CANCEL_PERMISSION)
-        done, errors = 0, []
-        for run in queryset:
-            try:
-                services.cancel_run(run, by=request.user, reason=cancel_reason(request))
-            except AgentRunError as exc:
-                errors.append(f"Run {run.pk}: {exc}")
-            else:
-                done += 1
-                self.log_change(request, run, "Cancellation requested in the admin.")
-        if done:
-            self.message_user(
-                request,
-                ngettext(
-                    "Cancellation requested for %(count)d run.",
-                    "Cancellation requested for %(count)d runs.",
-                    done,
-                )
-                % {"count": done},
-                messages.SUCCESS,
-            )
-        self.report_errors(request, errors)
+        reason = cancel_reason(request)
+        self.apply_each(
+            request,
+            queryset,
+            lambda run: services.cancel_run(run, by=request.user, reason=reason),
+            label=_run_label,
+            logged="Cancellation requested in the admin.",
+            done_message=(
+                "Cancellation requested for %(count)d run.",
+                "Cancellation requested for %(count)d runs.",
+            ),
+        )
+        return None
 
     @admin.action(description=_("Resume selected runs"), permissions=["cancel"])
     def resume_selected(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
         if not self.has_cancel_permission(request):
             return self.refuse(request, CANCEL_PERMISSION)
-        done, errors = 0, []
-        for run in queryset:
-            try:
-                services.resume_run(run, by=request.user)
-            except AgentRunError as exc:
-                errors.append(f"Run {run.pk}: {exc}")
-            else:
-                done += 1
-                self.log_change(request, run, "Resumed in the admin.")
-        if done:
-            self.message_user(
-                request,
-                ngettext("Resumed %(count)d run.", "Resumed %(count)d runs.", done)
-                % {"count": done},
-                messages.SUCCESS,
-            )
-        self.report_errors(request, errors)
+        self.apply_each(
+            request,
+            queryset,
+            lambda run: services.resume_run(run, by=request.user),
+            label=_run_label,
+            logged="Resumed in the admin.",
+            done_message=("Resumed %(count)d run.", "Resumed %(count)d runs."),
+        )
+        return None
 
 
 class ToolCallActionsMixin(ServiceActionsMixin):
@@ -148,22 +165,15 @@ class ToolCallActionsMixin(ServiceActionsMixin):
     ) -> None:
         if not self.has_approve_permission(request):
             return self.refuse(request, APPROVE_PERMISSION)
-        done, errors = 0, []
-        for call in queryset.select_related("run"):
-            try:
-                apply(call)
-            except AgentRunError as exc:
-                errors.append(f"{call.name} ({call.tool_call_id}): {exc}")
-            else:
-                done += 1
-                self.log_change(request, call, ngettext(*done_message, 1) % {"count": 1})
-        if done:
-            self.message_user(
-                request,
-                ngettext(done_message[0], done_message[1], done) % {"count": done},
-                messages.SUCCESS,
-            )
-        self.report_errors(request, errors)
+        self.apply_each(
+            request,
+            queryset.select_related("run"),
+            apply,
+            label=lambda call: f"{call.name} ({call.tool_call_id})",
+            logged=ngettext(*done_message, 1) % {"count": 1},
+            done_message=done_message,
+        )
+        return None
 
     def _bulk_form_page(
         self,

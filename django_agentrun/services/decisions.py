@@ -37,6 +37,16 @@ def _lock_call(tool_call: ToolCall | Any) -> tuple[ToolCall, Run]:
     return call, run
 
 
+def _check_awaiting(call: ToolCall, token: str | None) -> None:
+    """A decision on `call` needs it awaiting approval and, when given, a current token."""
+    if call.state != ToolCallState.AWAITING_APPROVAL:
+        raise ApprovalError(
+            f"Tool call {call.tool_call_id} is {call.state}, not awaiting approval."
+        )
+    if token is not None:
+        check_approval_token(call, token)
+
+
 def _decided(by: Any, note: str) -> dict[str, Any]:
     return {
         "decided_by": by if getattr(by, "pk", None) else None,
@@ -59,12 +69,7 @@ def approve_tool_call(
         call, run = _lock_call(tool_call)
         if call.approved and call.state != ToolCallState.AWAITING_APPROVAL and arguments is None:
             return call
-        if call.state != ToolCallState.AWAITING_APPROVAL:
-            raise ApprovalError(
-                f"Tool call {call.tool_call_id} is {call.state}, not awaiting approval."
-            )
-        if token is not None:
-            check_approval_token(call, token)
+        _check_awaiting(call, token)
         fields: dict[str, Any] = {"approved": True, **_decided(by, note)}
         edited = None
         if arguments is not None:
@@ -100,12 +105,7 @@ def reject_tool_call(
         call, run = _lock_call(tool_call)
         if call.state == ToolCallState.REJECTED:
             return call
-        if call.state != ToolCallState.AWAITING_APPROVAL:
-            raise ApprovalError(
-                f"Tool call {call.tool_call_id} is {call.state}, not awaiting approval."
-            )
-        if token is not None:
-            check_approval_token(call, token)
+        _check_awaiting(call, token)
         text = (
             f"A person declined this tool call. Reason: {reason or 'no reason given'}. "
             "Do not retry it as is."
