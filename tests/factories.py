@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.contrib.auth.models import Permission, User
 from django.utils import timezone
 
 from django_agentrun import start_run
@@ -23,6 +24,16 @@ from tests.conftest import drive
 # A lease holder on another host: never taken for "a dead local process", so only the
 # lease's expiry lets anyone take over.
 ELSEWHERE = "deadhost:999999:deadbeef"
+
+
+def user(username: str, *codenames: str, **extra) -> User:
+    """A user (password "pw") holding the app's permissions named by `codenames`, loaded
+    afresh so its permission cache sees them; `extra` goes to `create_user` (is_staff)."""
+    created = User.objects.create_user(username, password="pw", **extra)
+    created.user_permissions.set(
+        Permission.objects.filter(content_type__app_label="agentrun", codename__in=codenames)
+    )
+    return User.objects.get(pk=created.pk)
 
 
 def expire(run: Run, *, owner: str | None = None, ago: timedelta = timedelta(seconds=1)) -> None:

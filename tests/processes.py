@@ -125,3 +125,22 @@ def wait_for(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {message or predicate}")
         time.sleep(interval)
+
+
+# Where a run rests: nothing more happens without a person or a new command.
+RESTING = {"completed", "failed", "cancelled", "timed_out", "awaiting_approval"}
+
+
+def wait_resting(
+    run, timeout: float = 40, interval: float = 0.1, before: Callable[[], object] | None = None
+) -> None:
+    """Wait until `run` rests (`before` runs ahead of each look, e.g. a reaper pass). The
+    `workers` fixture prints the workers' logs when the test fails."""
+
+    def resting() -> bool:
+        if before is not None:
+            before()
+        run.refresh_from_db()
+        return run.state in RESTING
+
+    wait_for(resting, timeout=timeout, interval=interval, message=f"run {run.pk} to rest")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import User
 from django.contrib.messages import get_messages
 from django.urls import reverse
 
@@ -38,13 +38,7 @@ VIEW_PERMS = ["view_run", "view_toolcall", "view_runevent"]
 @pytest.fixture
 def make_staff(db):
     def make(username: str, *codenames: str) -> User:
-        user = User.objects.create_user(username, password="pw", is_staff=True)
-        user.user_permissions.set(
-            Permission.objects.filter(
-                content_type__app_label="agentrun", codename__in=[*VIEW_PERMS, *codenames]
-            )
-        )
-        return User.objects.get(pk=user.pk)  # fresh permission cache
+        return factories.user(username, *VIEW_PERMS, *codenames, is_staff=True)
 
     return make
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.urls import reverse
 from django.utils import timezone
@@ -32,14 +32,7 @@ PENDING = reverse("agentrun:toolcall-pending")
 
 @pytest.fixture
 def make_user(db):
-    def make(username: str, *codenames: str, **extra) -> User:
-        user = User.objects.create_user(username, password="pw", **extra)
-        user.user_permissions.set(
-            Permission.objects.filter(content_type__app_label="agentrun", codename__in=codenames)
-        )
-        return User.objects.get(pk=user.pk)  # fresh permission cache
-
-    return make
+    return factories.user
 
 
 @pytest.fixture

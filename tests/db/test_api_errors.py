@@ -7,7 +7,7 @@ import base64
 import json
 
 import pytest
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import reverse
 from rest_framework.authentication import BasicAuthentication, SessionAuthentication
@@ -29,9 +29,7 @@ JSON = "application/json"
 
 @pytest.fixture
 def user(db) -> User:
-    user = User.objects.create_user("ann", password="pw")
-    user.user_permissions.set(Permission.objects.filter(codename="approve_toolcall"))
-    return User.objects.get(pk=user.pk)
+    return factories.user("ann", "approve_toolcall")
 
 
 @pytest.fixture
@@ -83,8 +81,7 @@ def test_permission_refusal__403_with_code(db, user):
 
 def test_cancel_refusal__403_permission_denied(parked, db):
     run, _ = parked
-    watcher = User.objects.create_user("watcher", password="pw")
-    watcher.user_permissions.set(Permission.objects.filter(codename="view_all_runs"))
+    watcher = factories.user("watcher", "view_all_runs")
     client = Client()
     client.force_login(watcher)
     response = post(client, reverse("agentrun:run-cancel", args=[run.pk]), "{}")

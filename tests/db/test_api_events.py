@@ -8,7 +8,7 @@ import inspect
 from datetime import timedelta
 
 import pytest
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import User
 from django.urls import reverse
 from django.utils import timezone
 from rest_framework.test import APIClient
@@ -140,9 +140,7 @@ def test_redact_secrets__every_depth_in_order_without_recursion_limit():
 
 @pytest.fixture
 def owner(db) -> User:
-    user = User.objects.create_user("olga", password="pw")
-    user.user_permissions.set(Permission.objects.filter(codename="approve_toolcall"))
-    return User.objects.get(pk=user.pk)
+    return factories.user("olga", "approve_toolcall")
 
 
 @pytest.fixture
@@ -272,14 +270,7 @@ def test_events_endpoint__keeps_what_people_need(owner, history, django_assert_m
 
 @pytest.fixture
 def staff(db) -> User:
-    user = User.objects.create_user("staff", password="pw", is_staff=True)
-    user.user_permissions.set(
-        Permission.objects.filter(
-            content_type__app_label="agentrun",
-            codename__in=["view_run", "view_toolcall", "view_runevent"],
-        )
-    )
-    return User.objects.get(pk=user.pk)
+    return factories.user("staff", "view_run", "view_toolcall", "view_runevent", is_staff=True)
 
 
 @pytest.fixture

@@ -14,7 +14,6 @@ import os
 
 import pytest
 import schemathesis
-from django.contrib.auth.models import Permission, User
 from django.core import signals
 from django.core.handlers.wsgi import WSGIHandler
 from django.db import close_old_connections
@@ -52,9 +51,8 @@ CHECKS = [
 @pytest.fixture
 def world(db, monkeypatch):
     """The fuzzer (who may decide) with runs in several states, and someone else's."""
-    fuzzer = User.objects.create_user("fuzzer", password="pw")
-    fuzzer.user_permissions.set(Permission.objects.filter(codename="approve_toolcall"))
-    other = User.objects.create_user("other", password="pw")
+    fuzzer = factories.user("fuzzer", "approve_toolcall")
+    other = factories.user("other")
     to_approve, to_reject = parked(fuzzer)[1], parked(fuzzer)[1]
     unknown = factories.unknown(monkeypatch, fuzzer)[1]
     done = start_run("test-agent", "hi", owner=fuzzer, metadata={"k": [1, "x"]})

@@ -17,6 +17,7 @@ from django_agentrun import services, start_run
 from django_agentrun.api.views import RunViewSet, SchemaView, ToolCallViewSet
 from django_agentrun.models import RunEvent, ToolCall
 from django_agentrun.testing import ScriptedClient, reply, tool_use
+from tests import factories
 from tests.conftest import assert_api_error, drive
 
 # The surface (views, serializers, admin) runs the same on either Postgres driver.
@@ -136,10 +137,7 @@ def test_anonymous__401_everywhere_when_basic_auth_comes_first(objects, endpoint
 @pytest.fixture
 def mallory(db) -> Client:
     """Every action permission, but not agentrun.view_all_runs: sees only her own runs."""
-    user = User.objects.create_user("mallory", password="pw", is_staff=True)
-    user.user_permissions.set(
-        Permission.objects.filter(codename__in=["approve_toolcall", "cancel_run"])
-    )
+    user = factories.user("mallory", "approve_toolcall", "cancel_run", is_staff=True)
     client = Client()
     client.force_login(user)
     return client

@@ -17,10 +17,8 @@ from django_agentrun.failpoints import POINTS
 from django_agentrun.recovery import reap
 from django_agentrun.testing.messages_api import Reply, by_step, text, tool_use
 from tests.conftest import assert_projection_matches
-from tests.processes import wait_for
+from tests.processes import wait_resting
 from tests.testapp.agents import executions
-
-TERMINAL = {"completed", "failed", "cancelled", "timed_out", "awaiting_approval"}
 
 
 def script():
@@ -45,19 +43,9 @@ def script():
     )
 
 
-def finish(run, workers, timeout=60):
-    """Reap until the run reaches a resting state (the reaper re-enqueues after the lease expires)."""
-
-    def resting():
-        reap(stale_after=1)
-        run.refresh_from_db()
-        return run.state in TERMINAL
-
-    try:
-        wait_for(resting, timeout=timeout, interval=0.3, message=f"run {run.pk} to finish")
-    except AssertionError:
-        print(workers.logs())
-        raise
+def finish(run):
+    """Reap until the run rests (the reaper re-enqueues after the lease expires)."""
+    wait_resting(run, timeout=60, interval=0.3, before=lambda: reap(stale_after=1))
 
 
 # save_note is the second call of its turn: it goes in_flight in the commit that records
@@ -78,7 +66,7 @@ def test_crash_at__every_failpoint(point, workers, messages_api, settings):
     code = workers.wait_exit(first, timeout=60)
     assert code != 0, f"worker 1 should have crashed at {point}\n{workers.logs()}"
     workers.start(AGENTRUN_LEASE_SECONDS="2")
-    finish(run, workers)
+    finish(run)
 
     assert run.state == "completed", (run.state, run.error_code, run.error_message, workers.logs())
     assert_projection_matches(run)
@@ -120,7 +108,7 @@ def test_non_idempotent_without_check__waits_for_a_person(workers, messages_api,
     run = start_run("test-agent", "Charge 5 dollars.")
     workers.wait_exit(first, timeout=60)
     workers.start(AGENTRUN_LEASE_SECONDS="2")
-    finish(run, workers)
+    finish(run)
     assert run.state == "awaiting_approval"
     call = run.tool_calls.get()
     assert call.state == "unknown"

@@ -12,35 +12,17 @@ from django_agentrun.models import Run
 from django_agentrun.tasks import advance_run
 from django_agentrun.testing.messages_api import Reply, by_step, text, tool_use
 from tests.conftest import assert_projection_matches
-from tests.processes import wait_for
+from tests.processes import wait_for, wait_resting
 from tests.testapp.agents import executions
 
 pytestmark = pytest.mark.timeout(90)
 
-TERMINAL = {"completed", "failed", "cancelled", "timed_out", "awaiting_approval"}
 
-
-def wait_ready(workers, procs, timeout=30):
+def wait_ready(procs, timeout=30):
     def ready():
         return all(b"ready." in p.log_path.read_bytes() for p in procs)
 
-    try:
-        wait_for(ready, timeout=timeout, interval=0.1, message="workers ready")
-    except AssertionError:
-        print(workers.logs())
-        raise
-
-
-def wait_done(run, workers, timeout=40):
-    def done():
-        run.refresh_from_db()
-        return run.state in TERMINAL
-
-    try:
-        wait_for(done, timeout=timeout, interval=0.1, message=f"run {run.pk} to finish")
-    except AssertionError:
-        print(workers.logs())
-        raise
+    wait_for(ready, timeout=timeout, interval=0.1, message="workers ready")
 
 
 def outcomes(workers):
@@ -77,11 +59,11 @@ def test_duplicate_delivery__two_workers_execute_each_turn_once(workers, message
         ]
     )
     procs = [workers.start(), workers.start()]
-    wait_ready(workers, procs)
+    wait_ready(procs)
     run = start_run("test-agent", "Take a note and look something up.")  # enqueued on commit
     for _ in range(2):  # the same wake-up delivered again, at once, to the other worker too
         advance_run.apply_async(args=[str(run.pk)], queue=queue)
-    wait_done(run, workers)
+    wait_resting(run)
 
     assert run.state == "completed", (run.state, run.error_code, workers.logs())
     assert messages_api.steps() == {0: 1, 1: 1}
@@ -105,9 +87,9 @@ def test_duplicate_delivery__two_workers_execute_each_turn_once(workers, message
 def test_duplicate_delivery__after_completion_changes_nothing(workers, messages_api, queue):
     messages_api.script = by_step([Reply([text("Quick answer.")])])
     proc = workers.start()
-    wait_ready(workers, [proc])
+    wait_ready([proc])
     run = start_run("test-agent", "Answer quickly.")
-    wait_done(run, workers)
+    wait_resting(run)
     assert run.state == "completed"
     seq = run.last_seq
     for _ in range(3):
@@ -148,9 +130,9 @@ def test_bad_output__through_the_real_client_the_api_accepts_every_history(worke
         ]
     )
     proc = workers.start()
-    wait_ready(workers, [proc])
+    wait_ready([proc])
     run = start_run("test-agent", "Use your tools badly.")
-    wait_done(run, workers)
+    wait_resting(run)
 
     assert run.state == "completed", (run.state, run.error_code, run.error_message, workers.logs())
     assert run.output["text"] == "I give up on tools."

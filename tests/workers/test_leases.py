@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
@@ -168,18 +170,11 @@ def test_unrenewable_lease__a_stubborn_handler_ends_its_process_before_the_lease
     first = workers.start(**env)
     run = start_run("hardening", "Work.")
     wait_for(lambda: _started("stubborn"), timeout=30, message="the handler to start")
-    locker = connections.create_connection("default")
-    try:
-        with locker.cursor() as cursor:
-            cursor.execute("BEGIN")
-            cursor.execute("SELECT 1 FROM agentrun_run WHERE id = %s FOR UPDATE", [run.pk.hex])
-            code = workers.wait_exit(first, timeout=10)
-            still_leased = Run.objects.filter(
-                pk=run.pk, lease_expires_at__gt=store.database_now()
-            ).exists()
-            cursor.execute("ROLLBACK")
-    finally:
-        locker.close()
+    with _row_locked(run):
+        code = workers.wait_exit(first, timeout=10)
+        still_leased = Run.objects.filter(
+            pk=run.pk, lease_expires_at__gt=store.database_now()
+        ).exists()
     assert code == EXIT_CODE, workers.logs()
     assert still_leased, "the process outlived its lease"
     assert not [r for r in executions("stubborn") if r["phase"] == "end"]
@@ -204,24 +199,32 @@ def test_unrenewable_lease__a_cooperative_handler_stops_and_records_nothing(
     worker = workers.start(**env)
     run = start_run("hardening", "Read.")
     wait_for(lambda: _started("slow_read"), timeout=30, message="the handler to start")
-    locker = connections.create_connection("default")
-    try:
-        with locker.cursor() as cursor:
-            cursor.execute("BEGIN")
-            cursor.execute("SELECT 1 FROM agentrun_run WHERE id = %s FOR UPDATE", [run.pk.hex])
-            wait_for(
-                lambda: "could not be renewed" in worker.log_path.read_text(errors="replace"),
-                timeout=10,
-                message="the watchdog to abort",
-            )
-            cursor.execute("ROLLBACK")
-    finally:
-        locker.close()
+    with _row_locked(run):
+        wait_for(
+            lambda: "could not be renewed" in worker.log_path.read_text(errors="replace"),
+            timeout=10,
+            message="the watchdog to abort",
+        )
     # The handler stopped; its call was not closed as "cancelled": recovery re-runs it.
     wait_for(lambda: _state(run) == "completed", timeout=60, message="completed")
     call = run.tool_calls.get()
     assert call.result == "read c"
     assert worker.poll() is None  # it stopped in time: no need to end the process
+
+
+@contextmanager
+def _row_locked(run: Run) -> Iterator[None]:
+    """Another session holds the run's row FOR UPDATE, as behind a dead connection: the
+    worker's lease renewals hang until the block ends."""
+    locker = connections.create_connection("default")
+    try:
+        with locker.cursor() as cursor:
+            cursor.execute("BEGIN")
+            cursor.execute("SELECT 1 FROM agentrun_run WHERE id = %s FOR UPDATE", [run.pk.hex])
+            yield
+            cursor.execute("ROLLBACK")
+    finally:
+        locker.close()
 
 
 def _state(run: Run) -> str:
