@@ -16,7 +16,6 @@ from typing import Any
 
 from django.db import connection, transaction
 from django.db.models import Q
-from django.utils import timezone
 
 from . import store, transitions, wakeups
 from .conf import agentrun_settings
@@ -166,13 +165,13 @@ def _each(report: ReapReport, dry_run: bool, kind: str, qs, batch: int, act) -> 
     seen: set[Any] = set()
     while True:
         with transaction.atomic():
-            runs = [r for r in _locked(qs.exclude(pk__in=seen).order_by("pk"), batch)]
+            runs = _locked(qs.exclude(pk__in=seen).order_by("pk"), batch)
             for run in runs:
                 seen.add(run.pk)
                 finding = Finding(str(run.pk), kind, KINDS[kind])
                 try:
                     with transaction.atomic():
-                        finding.detail = act(run, now=timezone.now()) or finding.detail
+                        finding.detail = act(run) or finding.detail
                         finding.done = True
                 except Exception as exc:  # noqa: BLE001 - one bad run must not stop the sweep
                     finding.error = f"{type(exc).__name__}: {exc}"
@@ -185,20 +184,20 @@ def _take(run: Run) -> store.Lease:
     return store.take_lease(run, f"reaper:{worker_identity()}")
 
 
-def _time_out(run: Run, now: datetime) -> str:
+def _time_out(run: Run) -> str:
     with store.unit(atomic=True) as work:
         transitions.close_run(work, run, _take(run), RunState.TIMED_OUT, "deadline passed")
     return "timed out (run deadline)"
 
 
-def _time_out_approval(run: Run, now: datetime) -> str:
+def _time_out_approval(run: Run) -> str:
     with store.unit(atomic=True) as work:
         reason = "approval deadline passed"
         transitions.close_run(work, run, _take(run), RunState.TIMED_OUT, reason)
     return "timed out (approval deadline)"
 
 
-def _exhausted(run: Run, now: datetime) -> str:
+def _exhausted(run: Run) -> str:
     with store.unit(atomic=True) as work:
         transitions.fail_run(
             work,
@@ -215,7 +214,7 @@ def _exhausted(run: Run, now: datetime) -> str:
     return "failed: recovery_exhausted"
 
 
-def _recover(run: Run, now: datetime) -> str:
+def _recover(run: Run) -> str:
     """Apply the side-effect policy to stale in_flight calls, then wake a worker."""
     in_flight = list(
         run.tool_calls.filter(state=ToolCallState.IN_FLIGHT).values_list("tool_call_id", flat=True)
@@ -229,7 +228,7 @@ def _recover(run: Run, now: datetime) -> str:
     return f"re-enqueued; in-flight calls: {', '.join(in_flight) or 'none'}"
 
 
-def _requeue(run: Run, now: datetime) -> str:
+def _requeue(run: Run) -> str:
     with store.unit(atomic=True) as work:
         transitions.wake_again(work, run)
     return "re-enqueued"
