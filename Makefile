@@ -7,7 +7,18 @@ PG_URL ?= postgres://postgres@127.0.0.1:5432/agentrun
 AGENTRUN_TEST_REDIS ?= redis://127.0.0.1:6379
 export AGENTRUN_TEST_REDIS
 
-.PHONY: test lint checks test-sqlite test-postgres test-postgres-ssb test-postgres-psycopg2 demo bench bench-quick install
+# The other supported Pythons (pyenv's, or whatever is on PATH): Django 6.0's tiers run on
+# 3.12, the release check installs the built archives on 3.13.
+PYTHON312 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) python3.12)
+PYTHON313 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.13*/bin/python3.13) python3.13)
+VENV_DJANGO6 ?= .venv-django6
+
+# `make test`: each stage in turn, timed; the first that fails stops the run.
+TEST_STAGES = lint checks test-sqlite test-postgres test-postgres-ssb test-postgres-psycopg2 \
+	test-django6 test-release
+
+.PHONY: test lint checks test-sqlite test-postgres test-postgres-ssb test-postgres-psycopg2 \
+	test-django6 test-release demo bench bench-quick install
 
 # A virtualenv with the project and its test dependencies, rebuilt when pyproject changes.
 $(VENV)/.installed: pyproject.toml
@@ -18,7 +29,13 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
-test: install lint checks test-sqlite test-postgres test-postgres-ssb test-postgres-psycopg2
+test: install
+	@for stage in $(TEST_STAGES); do \
+	  started=$$(date +%s); \
+	  $(MAKE) --no-print-directory $$stage; status=$$?; \
+	  echo "stage $$stage: $$(( $$(date +%s) - started )) s (exit $$status)"; \
+	  [ $$status -eq 0 ] || exit $$status; \
+	done
 
 lint: install
 	$(PYTHON) -m ruff check .
@@ -37,9 +54,11 @@ checks: install
 test-sqlite: install
 	env -u DATABASE_URL $(PYTHON) -m pytest tests/pure tests/db -q
 
-# Postgres on psycopg 3, with Redis and real Celery worker processes.
+# Postgres on psycopg 3, with Redis and real Celery worker processes. The fresh-project
+# test runs in test-release, on the built wheel and sdist instead of this checkout.
 test-postgres: install
-	DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest tests/db tests/postgres tests/workers -q
+	DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest tests/db tests/postgres tests/workers -q \
+	  --ignore=tests/workers/test_fresh_project.py
 
 # Again with Django's server-side parameter binding (psycopg), which the engine's and the
 # reaper's raw SQL must also work with.
@@ -47,10 +66,31 @@ test-postgres-ssb: install
 	AGENTRUN_TEST_SERVER_SIDE_BINDING=1 DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest tests/db tests/postgres -q
 
 # Again through psycopg2 (projects on the older driver): the tests make `import psycopg`
-# fail, so Django and the app fall back to psycopg2, workers included. Tests marked
-# one_driver (the API's and admin's surfaces, the demo on SQLite, the fresh project) run once.
+# fail, so Django and the app fall back to psycopg2, workers included. The db and postgres
+# tiers, less what is the same on any driver (one_driver), and of the worker processes the
+# one that exercises the heartbeat's reconnect (both_drivers); the crash matrix and the
+# chaos test run on psycopg 3 only.
 test-postgres-psycopg2: install
-	AGENTRUN_TEST_PSYCOPG2=1 DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest tests/db tests/postgres tests/workers -q -m "not one_driver"
+	AGENTRUN_TEST_PSYCOPG2=1 DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest tests/db tests/postgres tests/workers -q \
+	  -m "not one_driver and (not integration or both_drivers)" \
+	  --ignore=tests/workers/test_fresh_project.py
+
+# Django 6.0 on Python 3.12: the pure and db tiers on SQLite, the db tier on Postgres.
+$(VENV_DJANGO6)/.installed: pyproject.toml
+	test -x $(VENV_DJANGO6)/bin/python || $(PYTHON312) -m venv $(VENV_DJANGO6)
+	$(VENV_DJANGO6)/bin/python -m pip install -q --upgrade pip
+	$(VENV_DJANGO6)/bin/python -m pip install -q -e ".[test]" "Django>=6.0,<6.1"
+	touch $@
+
+test-django6: $(VENV_DJANGO6)/.installed
+	env -u DATABASE_URL $(VENV_DJANGO6)/bin/python -m pytest tests/pure tests/db -q
+	DATABASE_URL=$(PG_URL) $(VENV_DJANGO6)/bin/python -m pytest tests/db -q
+
+# What a user installs: the wheel and the sdist built from a clean export, checked, listed
+# against the package's files, installed into fresh virtualenvs on Python 3.13 and run
+# as a fresh project (tools/release_check.py).
+test-release: install
+	DATABASE_URL=$(PG_URL) $(PYTHON) tools/release_check.py --python $(PYTHON313)
 
 # The seed's scenario with real processes; SQLite and a server-less broker unless told otherwise.
 demo: install

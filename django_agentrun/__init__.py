@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+# The one version number is pyproject.toml's; the installed metadata carries it.
+try:
+    __version__ = version("django-agentrun")
+except PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "Agent",

@@ -8,7 +8,8 @@ reconcile check may run before the first attempt has had its effect. So, countin
 the last renewal the database confirmed (the time taken *before* it was sent):
 
 - every poll: a cheap read for cancel requests; every third of the lease: a renewal;
-- after an error: the connection is dropped, so the next attempt reconnects;
+- after an error: the connection is dropped and the attempt made again at once, on a
+  new connection (then, if that fails too, at the next poll);
 - at `lease - min(grace + margin, lease / 2)` without a renewal: abort (handlers see
   `ctx.cancelled`, the model stream is cut), and nothing more is recorded as done;
 - at `lease - margin` the step is still running: the process ends itself (`os._exit`),
@@ -72,8 +73,11 @@ class Heartbeat:
         poll = agentrun_settings.HEARTBEAT_SECONDS
         renew_every = max(lease_seconds / 3, poll)
         last_renew = time.monotonic()
+        retry_now = False
         try:
-            while not self._stop.wait(poll):
+            # After an error, one attempt at once on a new connection (a terminated backend
+            # or a failover costs a reconnect, not a poll period); then the usual period.
+            while retry_now or not self._stop.wait(poll):
                 try:
                     if time.monotonic() - last_renew >= renew_every:
                         sent = time.monotonic()
@@ -87,7 +91,9 @@ class Heartbeat:
                 except Exception:  # noqa: BLE001 - a DB hiccup must not kill the heartbeat
                     logger.warning("Heartbeat failed run_id=%s", self.lease.run_id, exc_info=True)
                     connection.close()  # a broken connection stays broken: reconnect next time
+                    retry_now = not retry_now
                     continue
+                retry_now = False
                 if not held:
                     self.abort.abort(LEASE_LOST)
                     return

@@ -9,15 +9,15 @@ the models, never values (those are always %s parameters).
 from __future__ import annotations
 
 import re
-from pathlib import Path
+from importlib.resources import files
 
 _NAME = re.compile(r"^-- name: (\w+)\s*$")
 
 
-def _load(path: Path) -> dict[str, str]:
+def _load(text: str) -> dict[str, str]:
     queries: dict[str, list[str]] = {}
     current: list[str] | None = None
-    for line in path.read_text().splitlines():
+    for line in text.splitlines():
         found = _NAME.match(line)
         if found:
             current = queries.setdefault(found.group(1), [])
@@ -27,7 +27,9 @@ def _load(path: Path) -> dict[str, str]:
     return {name: "\n".join(lines).strip("\n").rstrip() for name, lines in queries.items()}
 
 
-QUERIES = _load(Path(__file__).with_name("queries.sql"))
+# Through importlib.resources: read from wherever the package was installed (a wheel, a
+# zip), not only from a source tree.
+QUERIES = _load(files(__package__).joinpath("queries.sql").read_text(encoding="utf-8"))
 
 
 def sql(name: str, **slots: object) -> str:

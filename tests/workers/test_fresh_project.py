@@ -6,8 +6,12 @@ appends to one) and only these test-specific settings on top: the database (a Po
 database of its own, dropped afterwards), Redis db 11, a queue of the test's own and a
 one-second reaper period. Then `migrate`, `check`, the stand-in from its command line
 with the README's script, a worker and beat from the README's commands, and one run
-started and approved through the API. Also: `check` names each README step that is
-missing, and the README's offline test passes in the project.
+started and approved through the API, and the admin's pages. Also: `check` names each
+README step that is missing, and the README's offline test passes in the project.
+
+The project's processes run on AGENTRUN_TEST_PROJECT_PYTHON when it is set: a virtualenv
+with the built wheel or sdist installed (tools/release_check.py, `make test-release`), so
+what is tested is what a user installs. Unset, they run on the test session's Python.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import tomllib
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -34,7 +39,10 @@ from django.db import connection
 from tests.processes import REDIS_URL, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
+# Not resolved: a virtualenv's python is a symlink, and its bin/ holds `celery`, `django-admin`.
+PYTHON = os.environ.get("AGENTRUN_TEST_PROJECT_PYTHON") or sys.executable
+BIN = Path(PYTHON).parent
+INSTALLED = "AGENTRUN_TEST_PROJECT_PYTHON" in os.environ
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120), pytest.mark.one_driver]
 
 # Settings of the test session that must not reach the new project's processes.
@@ -95,7 +103,7 @@ def run(argv: list[str], cwd: Path, timeout: float = 60, **env: str) -> subproce
 
 
 def manage(project: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return run([sys.executable, "manage.py", *args], project, timeout=timeout)
+    return run([PYTHON, "manage.py", *args], project, timeout=timeout)
 
 
 def test_fresh_project__the_readme_marks_every_snippet():
@@ -114,6 +122,20 @@ def test_fresh_project__the_readme_marks_every_snippet():
 
 
 # -- the project ------------------------------------------------------------------------------
+
+
+def test_fresh_project__runs_the_package_under_test(pristine):
+    """The project imports the app from where it was installed (with the release check: the
+    virtualenv's site-packages, not this checkout), at pyproject's version."""
+    done = run(
+        [PYTHON, "-c", "import django_agentrun as a; print(a.__file__); print(a.__version__)"],
+        pristine,
+    )
+    assert done.returncode == 0, done.stderr
+    location, version = done.stdout.split()
+    expected = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert version == expected
+    assert Path(location).resolve().is_relative_to(ROOT) is not INSTALLED, location
 
 
 @pytest.fixture(scope="module")
@@ -350,6 +372,25 @@ wait_for(
 wait_for("the lost run to reach its approval", lambda: lost.__class__.objects.get(
     pk=lost.pk).state == "awaiting_approval")
 
+# The admin's pages, rendered from the installed templates.
+from django_agentrun.models import ToolCall
+
+call = ToolCall.objects.get(run_id=run_id, name="refund")
+for url in (
+    "/admin/",
+    "/admin/agentrun/run/",
+    f"/admin/agentrun/run/{run_id}/change/",
+    "/admin/agentrun/toolcall/",
+    f"/admin/agentrun/toolcall/{call.pk}/change/",
+    "/admin/agentrun/runevent/",
+):
+    page = client.get(url)
+    assert page.status_code == 200, (url, page.status_code, page.content[:500])
+lost_call = wait_for("the lost run's waiting call", lambda: ToolCall.objects.filter(
+    run=lost, state="awaiting_approval").first())
+page = client.get(f"/admin/agentrun/toolcall/{lost_call.pk}/change/")
+assert page.status_code == 200 and b'id="agentrun-approve-form"' in page.content, page.status_code
+
 print(json.dumps(client.get(f"{API}/runs/{run_id}/").json()))
 """
 
@@ -363,7 +404,7 @@ def test_fresh_project__from_the_readme_to_a_completed_run(project):
         stand_in_line, offline_worker_line = snippet("shell", "offline").text.strip().split("\n")
         argv, _ = readme_command(stand_in_line)
         assert argv[:3] == ["python", "-m", "django_agentrun.testing.messages_api"]
-        argv[0] = sys.executable
+        argv[0] = PYTHON
         argv[argv.index("--port") + 1] = "0"  # any free port
         api = processes.start("stand-in", argv)
         base_url = wait_for(
@@ -380,7 +421,7 @@ def test_fresh_project__from_the_readme_to_a_completed_run(project):
         argv, env = readme_command(beat_line)
         processes.start("beat", argv, **env)
 
-        done = run([sys.executable, "drive.py"], project, timeout=60)
+        done = run([PYTHON, "drive.py"], project, timeout=60)
         assert done.returncode == 0, done.stdout + done.stderr + processes.logs()
         detail = json.loads(done.stdout.strip().splitlines()[-1])
         assert detail["state"] == "completed", processes.logs()
@@ -414,7 +455,7 @@ def test_fresh_project__from_the_readme_to_a_completed_run(project):
 
 def test_fresh_project__the_readme_offline_test_passes(project):
     done = run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "myapp/tests.py"],
+        [PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", "myapp/tests.py"],
         project,
         timeout=90,
     )

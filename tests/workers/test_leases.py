@@ -212,6 +212,56 @@ def test_unrenewable_lease__a_cooperative_handler_stops_and_records_nothing(
     assert worker.poll() is None  # it stopped in time: no need to end the process
 
 
+@pytest.mark.both_drivers
+def test_heartbeat__a_worker_keeps_its_lease_through_terminated_backends(
+    workers, messages_api, settings
+):
+    """In a real worker: the heartbeat's database backend is terminated three times while a
+    tool runs for longer than the lease, each time once the previous kill was followed by a
+    renewal. The heartbeat reconnects and renews: the tool runs once, nothing is recovered
+    (without the reconnect the watchdog would stop the tool 1.5 s in and recovery would run
+    it again)."""
+    env = {"AGENTRUN_LEASE_SECONDS": "3", "AGENTRUN_HEARTBEAT_SECONDS": "0.2"}
+    messages_api.script = _slow_script("slow_read", {"seconds": 6, "label": "hb"})
+    worker = workers.start(**env)
+    run = start_run("hardening", "Read.")
+    wait_for(lambda: _started("slow_read"), timeout=30, message="the handler to start")
+    for _ in range(3):
+        killed = wait_for(_terminate_heartbeat_backends, timeout=5, message="a heartbeat")
+        killed_at = _db_now()
+
+        wait_for(
+            lambda since=killed_at: _expires(run) > since + timedelta(seconds=2),
+            timeout=2,
+            interval=0.05,
+            message=f"a renewal after terminating {killed}",
+        )
+    wait_for(lambda: _state(run) == "completed", timeout=30, message="completed")
+    log = worker.log_path.read_text(errors="replace")
+    assert log.count("Heartbeat failed") >= 1, log[-3000:]
+    assert len(_started("slow_read")) == 1, executions()
+    assert not RunEvent.objects.filter(run=run, type="recovery").exists()
+    assert run.tool_calls.get().attempt == 1
+    assert_projection_matches(run)
+
+
+def _expires(run: Run):
+    return Run.objects.values_list("lease_expires_at", flat=True).get(pk=run.pk)
+
+
+def _terminate_heartbeat_backends() -> int:
+    """Terminate the backends whose last statement was a heartbeat's (a renewal or a cancel
+    poll): the worker's own connection, which ran the in_flight write, is left alone."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+            'AND (query LIKE \'SELECT "lease_epoch", "lease_owner"%%\' '
+            'OR query LIKE \'UPDATE "agentrun_run" SET "lease_expires_at"%%\')'
+        )
+        return len(cursor.fetchall())
+
+
 @contextmanager
 def _row_locked(run: Run) -> Iterator[None]:
     """Another session holds the run's row FOR UPDATE, as behind a dead connection: the

@@ -9,16 +9,23 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from . import replies
 from .recorder import Recorder
-from .script import Reply, ScriptExhausted, as_reply, new_id
+from .script import Reply, Script, ScriptExhausted, as_reply, new_id
 from .validation import APIRequestError, invalid, validate_request
 
-if TYPE_CHECKING:
-    from .server import MessagesAPIServer
+
+class Served(Protocol):
+    """What the handler reads of the API it serves (server.MessagesAPIServer), each time a
+    request comes in: a test may change any of them while the server runs."""
+
+    script: Script | None
+    api_key: str | None
+    on_request: Callable[[dict[str, Any]], None] | None
 
 
 class _ClientGone(Exception):
@@ -31,9 +38,7 @@ class APIHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(
-        self, address: tuple[str, int], api: MessagesAPIServer, recorder: Recorder
-    ) -> None:
+    def __init__(self, address: tuple[str, int], api: Served, recorder: Recorder) -> None:
         super().__init__(address, Handler)
         self.api = api
         self.recorder = recorder
