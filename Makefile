@@ -101,3 +101,21 @@ bench: install
 
 bench-quick: install
 	DATABASE_URL=$(PG_URL) $(PYTHON) bench/run.py --quick
+
+# The side-by-side benchmark (bench/side_by_side.py): django-agentrun against DBOS and
+# LangGraph, whose packages live in a virtualenv of their own (never in $(VENV)).
+PEERS_VENV ?= bench/.venv-peers
+BENCH_DB_URL ?= postgres://postgres@127.0.0.1:5432/agentrun_bench
+.PHONY: bench-peers bench-side-by-side
+
+$(PEERS_VENV)/.installed: bench/peers/requirements.txt
+	test -x $(PEERS_VENV)/bin/python || python3 -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/python -m pip install -q --upgrade pip
+	$(PEERS_VENV)/bin/python -m pip install -q -r bench/peers/requirements.txt
+	touch $@
+
+bench-peers: $(PEERS_VENV)/.installed
+
+# BENCH_ARGS="--quick" or "--rounds 5".
+bench-side-by-side: install bench-peers
+	DATABASE_URL=$(BENCH_DB_URL) $(PYTHON) bench/side_by_side.py $(BENCH_ARGS)
