@@ -19,20 +19,29 @@ LEASE_UNRENEWED = "lease could not be renewed"
 
 
 class AbortSignal:
-    """A thread-safe, one-shot abort flag with callbacks (like the web's AbortSignal)."""
+    """A thread-safe abort flag with callbacks (like the web's AbortSignal). It fires once
+    (`reason` is the first reason); a later reason is still kept (`reasons`), so a cancel
+    request seen after another abort is not lost."""
 
     def __init__(self) -> None:
         self._event = threading.Event()
         self._lock = threading.Lock()
         self._callbacks: list[Callable[[], object]] = []
         self.reason: str = ""
+        self.reasons: set[str] = set()
 
     @property
     def aborted(self) -> bool:
         return self._event.is_set()
 
+    @property
+    def cancel_requested(self) -> bool:
+        """Whether a cancel request is among the reasons (whichever came first)."""
+        return CANCEL_REQUESTED in self.reasons
+
     def abort(self, reason: str = "cancelled") -> None:
         with self._lock:
+            self.reasons.add(reason)
             if self._event.is_set():
                 return
             self.reason = reason

@@ -36,6 +36,11 @@ DEFAULTS: dict[str, Any] = {
     # A queued or released run nobody claimed for this long (at most the lease), while no
     # message waits in its queue, lost its wake-up: the reaper sends another.
     "QUEUED_STALE_SECONDS": 10.0,
+    # One advance_run task goes on with a run's next turn in the same process, holding its
+    # lease and its history, for at most this many turns or seconds; then it hands the run
+    # back to the queue, so that runs share the workers fairly.
+    "TURNS_PER_TASK": 10,
+    "TASK_SECONDS": 30.0,
     # Rows the reaper handles per batch.
     "REAPER_BATCH_SIZE": 100,
     # After this many crash recoveries the run fails with recovery_exhausted.

@@ -6,7 +6,8 @@ from django.dispatch import Signal
 
 # kwargs: run, state — the run reached completed, failed, cancelled or timed_out.
 run_finished = Signal()
-# kwargs: run, tool_call, token — a tool call waits for a person.
+# kwargs: run, tool_call, token (minted for the receivers, never stored) — a tool call
+# waits for a person.
 approval_requested = Signal()
 # kwargs: run, tool_call, reason — a call's outcome is unknown after a crash.
 reconciliation_needed = Signal()

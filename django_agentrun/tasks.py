@@ -13,7 +13,7 @@ from django.db import InterfaceError, OperationalError
 
 from . import wakeups
 from .engine import advance
-from .recovery import reap as reap_now
+from .reaper import reap as reap_now
 
 logger = logging.getLogger(__name__)
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import pydantic
 
+from . import children
 from .abort import AbortSignal
 from .exceptions import ConfigurationError, ToolCancelled, ToolError
 from .states import SideEffect
@@ -78,6 +79,7 @@ class ToolContext:
         abort: AbortSignal | None = None,
         heartbeat: Callable[[], None] | None = None,
         grace_seconds: float | None = None,
+        holder: str = "",
     ) -> None:
         self.run_id = run_id
         self.tool_call_id = tool_call_id
@@ -87,6 +89,7 @@ class ToolContext:
         self.abort = abort or AbortSignal()
         self._heartbeat = heartbeat
         self._grace_seconds = grace_seconds
+        self._holder = holder  # the lease holder's identity, marked on child processes
 
     @property
     def cancelled(self) -> bool:
@@ -114,6 +117,8 @@ class ToolContext:
 
         Output is captured (text) unless `stdout`/`stderr` are given. Raises
         ToolCancelled when the run is cancelled, subprocess.TimeoutExpired on timeout.
+        The child dies with the worker (see django_agentrun.children): a run is never
+        recovered while something its dead worker started may still have an effect.
         """
         from .conf import agentrun_settings
 
@@ -124,7 +129,7 @@ class ToolContext:
         kwargs.setdefault("stderr", subprocess.PIPE)
         kwargs.setdefault("text", True)
         self.raise_if_cancelled()
-        proc = subprocess.Popen(list(args), start_new_session=True, **kwargs)
+        proc = children.spawn(args, self._holder, **kwargs)
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             while True:
@@ -142,6 +147,7 @@ class ToolContext:
         finally:
             if proc.poll() is None:  # an unexpected exception: never leave the child behind
                 _terminate_group(proc, 0)
+            children.forget(proc)
 
 
 def _terminate_group(proc: subprocess.Popen, grace: float) -> None:

@@ -1,10 +1,9 @@
-"""Each change of a run, turn or tool call: its state move (django-fsm, in memory), its row
-change and its event, written into a unit of work (store.unit). Shared by the engine, the
-services and the reaper; none of them changes a state field any other way.
+"""Each change of a run, turn or tool call: its state move (django-fsm, in memory, through
+moves.py, which only this module imports), its row change and its event, added to a write
+(store.Write) that the caller sends. Shared by the engine, the services and the reaper;
+none of them changes a state field any other way.
 
-A run-level transition is the unit's run write, fenced by the lease when one is given;
-call- and turn-level ones ride on the next run write. Side effects (wake-ups, signals)
-are registered with the unit and happen after it commits.
+Side effects (wake-ups, signals) are added to the write and happen after it commits.
 """
 
 from __future__ import annotations
@@ -14,186 +13,236 @@ from datetime import datetime
 from typing import Any
 
 from django.utils import timezone
-from django_fsm import TransitionNotAllowed
 
 from . import signals, wakeups
 from .content import StoredResult
 from .events import EventType, payloads
-from .exceptions import InvalidTransition
 from .fields import storable_text
 from .models import Run, ToolCall, Turn
+from .moves import move
+from .outcomes import Outcome, call_key
 from .states import ResultSource, RunState, ToolCallState, TurnState
-from .store import DatabaseNow, Lease, Unit
+from .store import Write, database_now
 
 TURN_CLOSED = (TurnState.COMPLETED, TurnState.CANCELLED, TurnState.FAILED)
 
 
-def move(obj: Any, target: str) -> str:
-    """Apply the django-fsm transition to `target` in memory; the previous state.
-    InvalidTransition (nothing changed) if the table has no such edge."""
-    old = obj.state
-    try:
-        getattr(obj, f"to_{target}")()
-    except TransitionNotAllowed as exc:
-        raise InvalidTransition(
-            f"{type(obj).__name__} {obj.pk}: cannot go from '{old}' to '{target}'"
-        ) from exc
+def release(write: Write) -> None:
+    """The lease given back, keeping the time: unclaimed since, a run lost its wake-up."""
+    write.set_run(lease_owner="")
+    write.lease_change = "now"
+
+
+def wake(write: Write, run_id: Any) -> None:
+    """A worker advances the run after the write commits."""
+    write.then(lambda: wakeups.send(run_id))
+
+
+def signal_after(write: Write, signal: Any, **kwargs: Any) -> None:
+    write.then(lambda: signal.send(sender=Run, **kwargs))
+
+
+def _move_run(write: Write, run: Run, target: str) -> str:
+    old = move(run, target)
+    write.expect_run(old)
+    write.set_run(state=run.state)
     return old
-
-
-def released() -> dict[str, Any]:
-    """The lease given back; it keeps the time (the database's): a run nobody claims since
-    then lost its wake-up (the reaper)."""
-    return {"lease_owner": "", "lease_expires_at": DatabaseNow()}
-
-
-def wake(unit: Unit, run_id: Any) -> None:
-    """A worker advances the run after the unit commits."""
-    unit.on_commit(lambda: wakeups.send(run_id))
-
-
-def signal_after(unit: Unit, signal: Any, **kwargs: Any) -> None:
-    unit.on_commit(lambda: signal.send(sender=Run, **kwargs))
 
 
 # --------------------------------------------------------------------------- tool calls
 
 
-def start_call(unit: Unit, call: ToolCall) -> None:
+def start_call(write: Write, call: ToolCall) -> None:
     """requested -> in_flight: its handler may start once this commits (write-ahead)."""
     old = move(call, ToolCallState.IN_FLIGHT)
     now = timezone.now()
-    unit.update(call, old, attempt=call.attempt + 1, started_at=now, heartbeat_at=now)
-    unit.record(payloads.tool_call_started(call))
+    write.change(
+        call, old, state=call.state, attempt=call.attempt + 1, started_at=now, heartbeat_at=now
+    )
+    write.record(payloads.tool_call_started(call))
 
 
 def close_call(
-    unit: Unit,
+    write: Write,
     call: ToolCall,
-    target: str,
-    result: Any,
+    outcome: Outcome,
     *,
-    is_error: bool,
-    source: str,
     fields: dict[str, Any] | None = None,
     extra: dict[str, Any] | None = None,
     kind: str = EventType.TOOL_CALL_FINISHED,
 ) -> None:
-    """Close a call with its result: a StoredResult (content.stored_result), or a JSON value
-    (e.g. the text of a synthetic result)."""
+    """Close a call with its outcome."""
+    result = outcome.result
     stored = result if isinstance(result, StoredResult) else StoredResult(result)
-    old = move(call, target)
-    unit.update(
+    old = move(call, outcome.state)
+    write.change(
         call,
         old,
+        state=call.state,
         result=stored.value,
         result_format=stored.format,
-        is_error=is_error,
-        result_source=source,
+        is_error=outcome.is_error,
+        result_source=outcome.source,
         finished_at=timezone.now(),
         **(fields or {}),
     )
-    unit.record(payloads.call_result(call, kind=kind, extra=extra))
+    write.record(payloads.call_result(call, kind=kind, extra=extra))
+
+
+def approve_call(
+    write: Write, call: ToolCall, decided: dict[str, Any], *, by: Any, note: str, edited: Any
+) -> None:
+    """awaiting_approval -> requested, approved (with a person's edits in `decided`)."""
+    old = move(call, ToolCallState.REQUESTED)
+    write.change(call, old, state=call.state, approved=True, **decided)
+    write.record(payloads.approval_granted(call, by, note, edited))
 
 
 def retry_call(
-    unit: Unit, call: ToolCall, decided: dict[str, Any], decision: dict[str, Any]
+    write: Write, call: ToolCall, decided: dict[str, Any], decision: dict[str, Any]
 ) -> None:
     """unknown -> requested: a person allows one new attempt (approved: it runs as is)."""
     old = move(call, ToolCallState.REQUESTED)
-    unit.update(call, old, unknown_reason="", approved=True, **decided)
-    unit.record(payloads.tool_call_retried(call, decision))
+    write.change(call, old, state=call.state, unknown_reason="", approved=True, **decided)
+    write.record(payloads.tool_call_retried(call, decision))
 
 
 def replace_result(
-    unit: Unit, call: ToolCall, stored: StoredResult, *, is_error: bool, by: Any, note: str
+    write: Write, call: ToolCall, stored: StoredResult, *, is_error: bool, by: Any, note: str
 ) -> None:
     """A person replaces a closed call's result (repairing a stopped run's history); the
     call keeps its state."""
-    unit.update(
+    write.change(
         call,
-        None,
+        call.state,
         result=stored.value,
         result_format=stored.format,
         is_error=is_error,
         result_source=ResultSource.PERSON,
     )
     extra = {"by": payloads.user_id(by), "note": note}
-    unit.record(payloads.call_result(call, kind=EventType.TOOL_RESULT_REPLACED, extra=extra))
+    write.record(payloads.call_result(call, kind=EventType.TOOL_RESULT_REPLACED, extra=extra))
 
 
-def requeue_call(unit: Unit, call: ToolCall, policy: str) -> None:
+def requeue_call(write: Write, call: ToolCall, policy: str) -> None:
     """in_flight -> requested: recovery allows a new attempt (`policy` says why)."""
     old = move(call, ToolCallState.REQUESTED)
-    unit.update(call, old)
-    unit.record(payloads.tool_call_recovered(call, policy))
+    write.change(call, old, state=call.state)
+    write.record(payloads.tool_call_recovered(call, policy))
 
 
-def mark_unknown(unit: Unit, call: ToolCall, reason: str) -> None:
+def mark_unknown(write: Write, call: ToolCall, reason: str) -> None:
     """in_flight -> unknown: a person settles it."""
     reason = storable_text(reason)
     old = move(call, ToolCallState.UNKNOWN)
-    unit.update(call, old, unknown_reason=reason)
-    unit.record(payloads.tool_call_unknown(call, reason))
+    write.change(call, old, state=call.state, unknown_reason=reason)
+    write.record(payloads.tool_call_unknown(call, reason))
 
 
 def ask_approval(
-    unit: Unit, call: ToolCall, payload: dict[str, Any], token: str, deadline: datetime | None
+    write: Write, call: ToolCall, payload: dict[str, Any], deadline: datetime | None
 ) -> None:
-    """requested -> awaiting_approval, with its payload and resume token."""
+    """requested -> awaiting_approval, with what a person needs to decide. The resume token
+    is never stored: whoever shows the decision mints one (tokens.approval_token)."""
     old = move(call, ToolCallState.AWAITING_APPROVAL)
-    unit.update(call, old, approval_payload=payload, approval_deadline=deadline)
-    unit.record(payloads.approval_requested(call, payload, token, deadline))
+    write.change(call, old, state=call.state, approval_payload=payload, approval_deadline=deadline)
+    write.record(payloads.approval_requested(call, payload, deadline))
 
 
 def cancel_text(call: ToolCall, text: str, *, started: bool = True) -> str:
+    """The result a cancelled or timed-out call gives the model: what is known of whether
+    it ran (an unknown outcome may have had its effect)."""
+    if call.state == ToolCallState.UNKNOWN:
+        return f"{text}. The tool may have run; its outcome is unknown."
     if call.state == ToolCallState.IN_FLIGHT and started:
         return f"{text}. The tool may have started; its outcome is unknown."
     return f"{text}. The tool was not run."
 
 
 def cancel_calls(
-    unit: Unit, calls: Iterable[ToolCall], text: str, not_started: frozenset[Any] = frozenset()
+    write: Write, calls: Iterable[ToolCall], text: str, not_started: frozenset[Any] = frozenset()
 ) -> None:
-    """Close open calls with synthetic cancelled results (the transcript stays valid)."""
+    """Close open calls with synthetic cancelled results (the transcript stays valid).
+    `not_started`: the call_key of in_flight calls whose handler is known not to have run."""
     for call in calls:
-        close_call(
-            unit,
-            call,
-            ToolCallState.CANCELLED,
-            cancel_text(call, text, started=call.pk not in not_started),
-            is_error=True,
-            source=ResultSource.SYNTHETIC,
+        started = call_key(call) not in not_started
+        outcome = Outcome.synthetic(
+            ToolCallState.CANCELLED, cancel_text(call, text, started=started)
         )
+        close_call(write, call, outcome)
 
 
 # --------------------------------------------------------------------------- turns
 
 
-def start_turn(unit: Unit, run: Run, index: int, *, final: bool) -> Turn:
-    """A new turn (the model is asked next); inserted with the next run write."""
-    turn = Turn(run=run, index=index, is_final=final)
-    unit.insert([turn])
-    unit.record(payloads.turn_started(turn))
-    return turn
-
-
-def close_turn(unit: Unit, turn: Turn) -> None:
-    """Every call of the turn is closed (or it had none): completed."""
+def answer_turn(
+    write: Write,
+    turn: Turn,
+    answer: dict[str, Any],
+    response_event: payloads.Event,
+    calls: list[ToolCall],
+    *,
+    discarded: bool = False,
+) -> None:
+    """The model's answer: the turn with its content and usage (added now, with
+    turn_started, unless an earlier claim wrote it), its tool calls, then awaiting_tool
+    (some calls open) or completed. A `discarded` answer (unusable) leaves the turn open
+    for the failure that follows."""
+    if turn.pk is None:
+        for name, value in answer.items():
+            setattr(turn, name, value)
+        write.add(turn)
+        write.record(payloads.turn_started(turn))
+    else:
+        write.change(turn, turn.state, **answer)
+    write.record(response_event)
+    if discarded:
+        return
+    write.add(*calls)
+    if any(not c.is_closed for c in calls):
+        old = move(turn, TurnState.AWAITING_TOOL)
+        write.change(turn, old, state=turn.state)
+        response_event[1]["turn_state"] = turn.state
+        return
     old = move(turn, TurnState.COMPLETED)
-    unit.update(turn, old, finished_at=timezone.now())
-    unit.record(payloads.turn_completed(turn))
+    write.change(turn, old, state=turn.state, finished_at=timezone.now())
+    response_event[1]["turn_state"] = turn.state
+    write.record(payloads.turn_completed(turn))
 
 
-def end_turn(unit: Unit, turn: Turn | None, target: str, text: str, **kw: Any) -> None:
-    """Close an open turn as cancelled or failed, its open calls with synthetic results
-    (read from the database: a person may have closed some meanwhile)."""
+def complete_turn(write: Write, turn: Turn) -> None:
+    """Every call of the turn is closed: completed."""
+    old = move(turn, TurnState.COMPLETED)
+    write.change(turn, old, state=turn.state, finished_at=timezone.now())
+    write.record(payloads.turn_completed(turn))
+
+
+def abandon_turn(
+    write: Write,
+    turn: Turn | None,
+    target: str,
+    text: str,
+    *,
+    calls: Iterable[ToolCall] | None = None,
+    not_started: frozenset[Any] = frozenset(),
+) -> None:
+    """Close an open turn as cancelled or failed, its open calls with synthetic results.
+    `calls`: the turn's calls as the caller holds them; read from the database otherwise
+    (a person may have closed some meanwhile)."""
     if turn is None or turn.state in TURN_CLOSED:
         return
-    cancel_calls(unit, turn.tool_calls.open(), text, **kw)
+    if turn.pk is None and not any(turn is added for added in write.added):
+        # Asked, never answered: the turn is written now, as it ends.
+        write.add(turn)
+        write.record(payloads.turn_started(turn))
+    if calls is not None:
+        open_calls = [c for c in calls if not c.is_closed]
+    else:
+        open_calls = list(turn.tool_calls.open()) if turn.pk is not None else []
+    cancel_calls(write, open_calls, text, not_started)
     old = move(turn, target)
-    unit.update(turn, old, finished_at=timezone.now())
-    unit.record(
+    write.change(turn, old, state=turn.state, finished_at=timezone.now())
+    write.record(
         payloads.turn_cancelled(turn)
         if target == TurnState.CANCELLED
         else payloads.turn_failed(turn)
@@ -207,142 +256,142 @@ def open_turn(run: Run) -> Turn | None:
 # --------------------------------------------------------------------------- runs
 
 
-def continue_run(
-    unit: Unit, run: Run, lease: Lease | None, *, incr: dict[str, Any] | None = None
-) -> None:
-    """The turn is closed: release the lease (a new turn starts from scratch) and wake a
-    worker for the next turn."""
-    old = None
+def begin_run(write: Write, run: Run, worker: str) -> None:
+    """queued -> running: a worker took the run up."""
+    _move_run(write, run, RunState.RUNNING)
+    write.set_run(started_at=run.started_at or timezone.now())
+    write.record(payloads.run_started(run, worker))
+
+
+def record_recovery(write: Write, run: Run, epoch: int) -> None:
+    """The claim took the lease from a holder that never released it (one event per
+    recovery; recovery_attempts counts them since the last completed turn)."""
+    write.record(payloads.recovery(run.recovery_attempts, epoch))
+
+
+def await_tools(write: Write, run: Run) -> None:
+    """The answer asked for tools: the run waits for them (awaiting_tool)."""
+    _move_run(write, run, RunState.AWAITING_TOOL)
+
+
+def continue_run(write: Write, run: Run) -> None:
+    """The turn is closed: the run goes on (running; its crash count starts over)."""
     if run.state != RunState.RUNNING:
-        old = move(run, RunState.RUNNING)
-        unit.record(payloads.run_continued(run))
-    unit.write_run(
-        run,
-        lease=lease,
-        old_state=old,
-        incr=incr,
-        fields={**released(), "recovery_attempts": 0},
-    )
-    wake(unit, run.pk)
+        _move_run(write, run, RunState.RUNNING)
+        write.record(payloads.run_continued(run))
+    write.set_run(recovery_attempts=0)
 
 
-def complete_run(
-    unit: Unit,
-    run: Run,
-    lease: Lease | None,
-    stop_reason: str,
-    output: dict[str, Any],
-    *,
-    incr: dict[str, Any] | None = None,
-) -> None:
-    old = move(run, RunState.COMPLETED)
-    totals = {k: getattr(run, k) + (incr or {}).get(k, 0) for k in run.usage()}
-    unit.record(payloads.run_completed(run, stop_reason, output, totals))
-    unit.write_run(
-        run,
-        lease=lease,
-        old_state=old,
-        incr=incr,
-        fields={
-            **released(),
-            "output": output,
-            "stop_reason": stop_reason,
-            "finished_at": timezone.now(),
-        },
-    )
-    signal_after(unit, signals.run_finished, run=run, state=run.state)
+def hand_off(write: Write, run: Run) -> None:
+    """Give the lease back and wake a worker for what comes next (a fresh claim)."""
+    release(write)
+    wake(write, run.pk)
+
+
+def complete_run(write: Write, run: Run, stop_reason: str, output: dict[str, Any]) -> None:
+    _move_run(write, run, RunState.COMPLETED)
+    totals = {k: getattr(run, k) + write.counters.get(k, 0) for k in run.usage()}
+    write.record(payloads.run_completed(run, stop_reason, output, totals))
+    release(write)
+    write.set_run(output=output, stop_reason=stop_reason, finished_at=timezone.now())
+    signal_after(write, signals.run_finished, run=run, state=run.state)
 
 
 def fail_run(
-    unit: Unit,
+    write: Write,
     run: Run,
-    lease: Lease | None,
     *,
     code: str,
     message: str,
     phase: str,
     turn: Turn | None = None,
+    calls: Iterable[ToolCall] | None = None,
 ) -> None:
     """End the run as failed with a structured error; an open turn fails with it."""
     message = storable_text(message)
-    end_turn(unit, turn, TurnState.FAILED, f"Run failed ({code})")
-    old = move(run, RunState.FAILED)
+    abandon_turn(write, turn, TurnState.FAILED, f"Run failed ({code})", calls=calls)
+    _move_run(write, run, RunState.FAILED)
     checkpoint = run.last_seq
-    unit.record(payloads.run_failed(run, code, message, phase, checkpoint))
-    unit.write_run(
-        run,
-        lease=lease,
-        old_state=old,
-        fields={
-            "error_code": code,
-            "error_message": message,
-            "failure_phase": phase,
-            "last_checkpoint": checkpoint,
-            "finished_at": timezone.now(),
-            **released(),
-        },
+    write.record(payloads.run_failed(run, code, message, phase, checkpoint))
+    release(write)
+    write.set_run(
+        error_code=code,
+        error_message=message,
+        failure_phase=phase,
+        last_checkpoint=checkpoint,
+        finished_at=timezone.now(),
     )
-    signal_after(unit, signals.run_finished, run=run, state=run.state)
+    signal_after(write, signals.run_finished, run=run, state=run.state)
 
 
-def close_run(
-    unit: Unit,
+def stop_run(
+    write: Write,
     run: Run,
-    lease: Lease | None,
     target: str,
     reason: str,
     *,
-    fields: dict[str, Any] | None = None,
+    turn: Turn | None = None,
+    calls: Iterable[ToolCall] | None = None,
     not_started: frozenset[Any] = frozenset(),
 ) -> None:
     """Cancel or time out a run: its open turn and calls close with synthetic results
-    (completed outputs are kept). `not_started`: in_flight calls whose handler is known not
-    to have started."""
+    (completed outputs are kept). `turn` and `calls`: the open turn as the caller holds it
+    (read from the database otherwise). `not_started`: in_flight calls whose handler is
+    known not to have started."""
     cancelled = target == RunState.CANCELLED
     text = f"Cancelled: {reason}" if cancelled else f"Timed out: {reason}"
-    end_turn(unit, open_turn(run), TurnState.CANCELLED, text, not_started=not_started)
-    old = move(run, target)
-    unit.record(payloads.run_closed(run, reason))
-    unit.write_run(
-        run,
-        lease=lease,
-        old_state=old,
-        fields={
-            **(fields or {}),
-            **released(),
-            "stop_reason": target,
-            "finished_at": timezone.now(),
-        },
+    if turn is None and calls is None:
+        turn = open_turn(run)
+    abandon_turn(write, turn, TurnState.CANCELLED, text, calls=calls, not_started=not_started)
+    _move_run(write, run, target)
+    write.record(payloads.run_closed(run, reason))
+    release(write)
+    write.set_run(stop_reason=target, finished_at=timezone.now())
+    signal_after(write, signals.run_finished, run=run, state=run.state)
+
+
+def request_cancel(write: Write, run: Run, by: Any, reason: str) -> None:
+    """Record a cancel request (its holder sees it within a second)."""
+    write.set_run(
+        cancel_requested_at=timezone.now(),
+        cancel_reason=reason,
+        cancel_requested_by=by if getattr(by, "pk", None) else None,
     )
-    signal_after(unit, signals.run_finished, run=run, state=run.state)
+    write.record(payloads.cancel_requested(by, reason))
 
 
-def park(unit: Unit, run: Run, lease: Lease | None) -> None:
+def park(write: Write, run: Run) -> None:
     """The run waits for a person: awaiting_approval, the lease given back."""
-    old = move(run, RunState.AWAITING_APPROVAL)
-    unit.record(payloads.run_parked(run))
-    unit.write_run(run, lease=lease, old_state=old, fields=released())
+    _move_run(write, run, RunState.AWAITING_APPROVAL)
+    write.record(payloads.run_parked(run))
+    release(write)
 
 
-def go_on_after_decision(unit: Unit, run: Run, call: ToolCall) -> None:
+def resume(write: Write, run: Run, by: Any, fields: dict[str, Any]) -> None:
+    """failed, cancelled or timed_out -> queued: it continues from its history."""
+    old = _move_run(write, run, RunState.QUEUED)
+    write.record(payloads.run_resumed(run, by, old))
+    release(write)
+    write.set_run(**fields)
+    wake(write, run.pk)
+
+
+def after_decision(write: Write, run: Run, call: ToolCall) -> None:
     """After a person's decision: when no call of the turn waits for one any more, the run
     goes on (awaiting_tool, a worker is woken); otherwise only the decision is written."""
     waiting = call.turn.tool_calls.pending_decision().exclude(pk=call.pk).exists()
     if run.state == RunState.AWAITING_APPROVAL and not waiting:
-        old = move(run, RunState.AWAITING_TOOL)
-        unit.record(payloads.run_continued(run))
-        unit.write_run(run, old_state=old, fields=released())
-        wake(unit, run.pk)
-    else:
-        unit.write_run(run)
+        _move_run(write, run, RunState.AWAITING_TOOL)
+        write.record(payloads.run_continued(run))
+        release(write)
+        wake(write, run.pk)
 
 
-def wake_again(unit: Unit, run: Run) -> None:
+def resend_wakeup(write: Write, run: Run) -> None:
     """A run nobody picked up gets a new wake-up (the reaper), marking when."""
-    now = DatabaseNow()
-    fields: dict[str, Any] = (
-        {"queued_at": now} if run.state == RunState.QUEUED else {"lease_expires_at": now}
-    )
-    unit.record(payloads.reaper_requeued(run))
-    unit.write_run(run, fields=fields)
-    wake(unit, run.pk)
+    if run.state == RunState.QUEUED:
+        write.set_run(queued_at=database_now())
+    else:
+        write.lease_change = "now"
+    write.record(payloads.reaper_requeued(run))
+    wake(write, run.pk)

@@ -3,7 +3,7 @@ one advance; see its docstring for the phases)."""
 
 from __future__ import annotations
 
-from .driver import advance, recover_in_flight
+from .driver import advance, settle_in_flight
 from .step import Outcome
 
-__all__ = ["Outcome", "advance", "recover_in_flight"]
+__all__ = ["Outcome", "advance", "settle_in_flight"]

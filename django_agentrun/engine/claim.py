@@ -1,56 +1,62 @@
 """The claim and what is decided at it, from the database, never from the message: take
 the lease (from a dead holder too), count a recovery, honour a cancel or a deadline, give
-up after too many recoveries, and start the next turn unless a guard stops the run first."""
+up after too many recoveries; and before each new turn, the guards that may end the run
+first (the turn limit, the budget)."""
 
 from __future__ import annotations
 
 import logging
 
-from django.utils import timezone
+from django.db import transaction
 
-from .. import store, transitions
+from .. import children, store, transitions
 from ..agents import get_agent
 from ..conf import agentrun_settings
 from ..events import payloads
-from ..exceptions import LeaseLost, UnknownAgent
+from ..exceptions import UnknownAgent
 from ..failpoints import failpoint
 from ..identity import holder_is_dead
-from ..models import Run, ToolCall
-from ..states import RunState, TurnState
-from . import guards
-from .step import Outcome, Step, StepEnded
+from ..models import Run, Turn
+from ..states import RunState
+from . import endings, guards
+from .step import Commit, Step, Then
 
 logger = logging.getLogger(__name__)
 
 
-def claim(step: Step) -> store.Lease | None:
-    """Claim the run and decide what this step does, in one transaction; None: someone
-    else holds it, or there is nothing to advance."""
-    try:
-        with step.tx(atomic=True):
-            claimed = store.claim(step.run_id, step.owner, steal_from=step.steal_from)
-            if claimed is None:
-                claimed = _from_dead_holder(step)
-            if claimed is None:
-                return None
-            step.lease, step.run, step.took_over = claimed.lease, claimed.run, claimed.took_over
-            _load(step, claimed)
-            _decide(step)
-    except StepEnded as stop:  # committed: the run ended, parked or goes on elsewhere
-        step.outcome = stop.outcome
-        step.released = stop.outcome in (Outcome.FINISHED, Outcome.PARKED)
-        step.stopped = True
-    except LeaseLost:
-        return None
+def claim(step: Step) -> Commit | None:
+    """Claim the run and decide at the claim, in one transaction; the commit of what was
+    decided (a Commit whose write is sent already), or None: someone else holds the run,
+    or there is nothing to advance."""
+    with transaction.atomic():
+        claimed = store.claim(step.run_id, step.owner, steal_from=step.steal_from)
+        if claimed is None:
+            claimed = _from_dead_holder(step)
+        if claimed is None:
+            return None
+        step.lease, step.run, step.took_over = claimed.lease, claimed.run, claimed.took_over
+        step.load(claimed.turns, claimed.calls)
+        commit = decide(step)
+        if commit.write.events or commit.write.run_fields:
+            store.send(commit.write)
+    commit.sent = True
     failpoint("claim.after_commit")
-    return step.lease
+    return commit
 
 
 def _from_dead_holder(step: Step) -> store.Claimed | None:
     """A holder on this machine that provably died (a killed pool child) is taken over at
-    once, not after its lease expires (identity.holder_is_dead)."""
+    once, not after its lease expires (identity.holder_is_dead), once nothing it started
+    is left running (children.py): a recovered call never runs beside its first attempt."""
     holder = Run.objects.filter(pk=step.run_id).values_list("lease_owner", flat=True).first()
     if not holder or not holder_is_dead(holder):
+        return None
+    if not children.kill_marked(holder):
+        logger.warning(
+            "Processes of dead holder %s outlive it; waiting for its lease run_id=%s",
+            holder,
+            step.run_id,
+        )
         return None
     claimed = store.claim(step.run_id, step.owner, steal_from=holder)
     if claimed is not None:
@@ -58,32 +64,21 @@ def _from_dead_holder(step: Step) -> store.Claimed | None:
     return claimed
 
 
-def _load(step: Step, claimed: store.Claimed) -> None:
-    """The run's turns, each with its tool calls (`turn.calls`)."""
-    step.turns = claimed.turns
-    calls_by_turn: dict[int, list[ToolCall]] = {}
-    for call in claimed.calls:
-        calls_by_turn.setdefault(call.turn_index, []).append(call)
-    for turn in step.turns:
-        turn.calls = calls_by_turn.get(turn.index, [])  # type: ignore[attr-defined]
-
-
-def _decide(step: Step) -> None:
-    run, work = step.run, step.work()
+def decide(step: Step) -> Commit:
+    """What the claim decides; its write holds the run's start and the recovery, if any."""
+    run, write = step.run, step.write()
     if step.took_over:
-        # This claim took the lease from a holder that never released it: one event per
-        # recovery (recovery_attempts counts them since the last completed turn).
-        work.record(payloads.recovery(run.recovery_attempts, step.lease.epoch))
+        transitions.record_recovery(write, run, step.lease.epoch)
     if run.cancel_requested_at is not None:
-        step.close(RunState.CANCELLED, run.cancel_reason or "cancelled")
+        return _stopped(step, write, RunState.CANCELLED, run.cancel_reason or "cancelled")
     if step.deadline_passed():
-        step.close(RunState.TIMED_OUT, "deadline passed")
+        return _stopped(step, write, RunState.TIMED_OUT, "deadline passed")
     if run.state == RunState.QUEUED:
-        old = transitions.move(run, RunState.RUNNING)
-        work.record(payloads.run_started(run, step.owner))
-        step.write(old_state=old, fields={"started_at": run.started_at or timezone.now()})
+        transitions.begin_run(write, run, step.owner)
     if run.recovery_attempts > agentrun_settings.MAX_RECOVERY_ATTEMPTS:
-        step.fail(
+        return endings.fail(
+            step,
+            write,
             "recovery_exhausted",
             f"The run was recovered {run.recovery_attempts} times after crashes; giving up "
             "(AGENTRUN_MAX_RECOVERY_ATTEMPTS).",
@@ -92,24 +87,32 @@ def _decide(step: Step) -> None:
     try:
         step.agent = get_agent(run.agent)
     except UnknownAgent as exc:
-        step.fail("unknown_agent", str(exc), "pre_turn")
-    last = step.turns[-1] if step.turns else None
-    if last is not None and last.state in (TurnState.RUNNING, TurnState.AWAITING_TOOL):
-        # RUNNING: the model was asked but its answer never committed: ask again.
-        step.turn = last
-    elif not step.recover_only:
-        _begin_turn(step)
-    if work.recorded:
-        step.write()
+        return endings.fail(step, write, "unknown_agent", str(exc), "pre_turn")
+    return Commit(write, Then.GO_ON)
 
 
-def _begin_turn(step: Step) -> None:
-    """Guards before a new turn (the turn limit, the budget), then the turn."""
+def _stopped(step: Step, write: store.Write, target: str, reason: str) -> Commit:
+    transitions.stop_run(
+        write,
+        step.run,
+        target,
+        reason,
+        turn=step.turn,
+        calls=step.calls_of(step.turn) if step.turn is not None else [],
+    )
+    return Commit(write, Then.FINISH)
+
+
+def new_turn(step: Step) -> Commit | Turn:
+    """The next turn (in memory: it is written with its answer), or the commit that ends the
+    run first: the turn limit reached, or the budget that the turn would breach."""
     run, config = step.run, step.config
     answered = sum(1 for t in step.turns if t.content is not None)
     max_turns = config.get("max_turns") or agentrun_settings.DEFAULT_MAX_TURNS
     if answered >= max_turns:
-        step.complete("max_turns")
+        write = step.write()
+        endings.complete(step, write, "max_turns")
+        return Commit(write, Then.FINISH)
     budget = config.get("budget") or {}
     if budget:
         breach = guards.check_budget(
@@ -121,15 +124,13 @@ def _begin_turn(step: Step) -> None:
             max_tokens=config.get("max_tokens") or agentrun_settings.DEFAULT_MAX_TOKENS,
         )
         if breach is not None:
-            step.work().record(
-                payloads.budget_exceeded(breach.limit, breach.projected, breach.allowed)
-            )
-            step.fail("budget_exceeded", breach.message(), "pre_turn")
+            write = step.write()
+            write.record(payloads.budget_exceeded(breach.limit, breach.projected, breach.allowed))
+            return endings.fail(step, write, "budget_exceeded", breach.message(), "pre_turn")
     index = step.turns[-1].index + 1 if step.turns else 0
-    turn = transitions.start_turn(step.work(), run, index, final=answered == max_turns - 1)
-    turn.calls = []  # type: ignore[attr-defined]
-    step.turns.append(turn)
+    turn = Turn(run=run, index=index, is_final=answered == max_turns - 1)
     step.turn = turn
+    return turn
 
 
 def _estimate_next_prompt(step: Step) -> int:
@@ -142,7 +143,7 @@ def _estimate_next_prompt(step: Step) -> int:
     # The results as the model will see them (media priced as the API bills it).
     added = sum(
         guards.estimate_tokens(c.tool_result_block()["content"])
-        for c in last.calls  # type: ignore[attr-defined]
+        for c in step.calls_of(last)
         if c.is_closed
     )
     prompt = last.input_tokens + last.cache_creation_input_tokens + last.cache_read_input_tokens

@@ -1,10 +1,11 @@
-"""One advance of a run, from claim to release: claim (and decide) in one transaction, then
-the model turn or the open tool calls, each durable step its own commit, under a lease
-that a heartbeat renews; at most one turn per advance, the next one woken on commit.
+"""One advance of a run: claim it, then send the commits of its phases in turn, holding the
+lease (a heartbeat renews it) and the history, until the run ends, parks, or is handed
+back to the queue after AGENTRUN_TURNS_PER_TASK turns or AGENTRUN_TASK_SECONDS seconds.
 
-Commits per turn with k tool calls: claim+turn_started, the answer (the intent), the first
-call's in_flight, then each result (sharing its commit with the next call's in_flight):
-k + 3, or 2 with none.
+Each phase returns a `Commit` (the write and what follows it); the driver sends it, fires
+its failpoint, and asks the next phase, or stops. Commits per turn with k tool calls:
+k + 1 (the answer with the first call in flight, then each result with what follows it);
+a task's claim adds one.
 """
 
 from __future__ import annotations
@@ -12,17 +13,15 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .. import store, wakeups
-from ..abort import AbortSignal
+from .. import store, transitions, wakeups
+from ..abort import CANCEL_REQUESTED, AbortSignal
 from ..clients import ModelClient
 from ..exceptions import LeaseLost
+from ..failpoints import failpoint
 from ..identity import worker_identity
-from ..states import TurnState
-from .claim import claim
-from .execution import recover_only, tools_step
+from . import claim, endings, execution, model_turn
 from .heartbeat import Heartbeat
-from .model_turn import model_step
-from .step import Outcome, Step, StepEnded
+from .step import Commit, Leave, Outcome, Step, Then
 
 logger = logging.getLogger(__name__)
 
@@ -35,31 +34,40 @@ def advance(
     client: ModelClient | None = None,
     heartbeat: bool = False,
 ) -> str:
-    """Advance the run by at most one turn. Safe to call twice at once: one claims it."""
+    """Advance the run as far as one task may (see the module's docstring); an Outcome.
+    Safe to call twice at once: one claims it, the other leaves it alone."""
     step = Step(run_id, owner or worker_identity(), abort or AbortSignal(), client)
     return drive(step, heartbeat=heartbeat)
 
 
-def recover_in_flight(run_id: Any, *, steal_from: str | None = None) -> str:
-    """The reaper's half of recovery: claim an expired lease, apply the side-effect
-    policy to in_flight calls (re-run allowed, reconcile, or unknown), wake a worker."""
+def settle_in_flight(run_id: Any, *, steal_from: str | None = None) -> str:
+    """The reaper's half of recovery: claim an expired lease, apply the side-effect policy
+    to in_flight calls (re-run allowed, reconciled, or unknown), wake a worker."""
     owner = f"reaper:{worker_identity()}"
-    step = Step(run_id, owner, AbortSignal(), None, recover_only=True, steal_from=steal_from)
+    step = Step(run_id, owner, AbortSignal(), None, settle_only=True, steal_from=steal_from)
     # With a heartbeat: a reconcile check sees a cancel, and stops before the lease expires.
     return drive(step, heartbeat=True)
 
 
 def drive(step: Step, *, heartbeat: bool = False) -> str:
-    """Claim, run the step under the lease (with a heartbeat if asked), release."""
-    lease = claim(step)
-    if lease is None:
+    """Claim, send the step's commits under the lease (with a heartbeat if asked)."""
+    commit = claim.claim(step)
+    if commit is None:
         return Outcome.NOT_CLAIMED
-    beat = None
-    if heartbeat:
-        beat = Heartbeat(lease, step.abort)
+    lease = step.lease
+    assert lease is not None
+    beat = Heartbeat(lease, step.abort) if heartbeat else None
+    if beat is not None:
         beat.start()
     try:
-        return _run(step)
+        return _send_all(step, commit)
+    except Leave as leave:
+        logger.warning("%s run_id=%s epoch=%s", leave, step.run_id, lease.epoch)
+        if leave.expire and store.expire_lease(lease):
+            # Ours still: it runs out now, so the next claim takes it over and counts the
+            # recovery (a loop of such stops ends at AGENTRUN_MAX_RECOVERY_ATTEMPTS).
+            wakeups.send(step.run_id)
+        return Outcome.LEASE_LOST
     except LeaseLost:
         logger.warning("Lease lost run_id=%s epoch=%s", step.run_id, lease.epoch)
         return Outcome.LEASE_LOST
@@ -67,29 +75,48 @@ def drive(step: Step, *, heartbeat: bool = False) -> str:
         # Treat it like a crash: the lease lapses, the reaper recovers the run and counts
         # the recovery, so a poison step ends as recovery_exhausted instead of looping.
         logger.exception("Advancing failed run_id=%s epoch=%s", step.run_id, lease.epoch)
-        step.released = True
         raise
     finally:
         if beat is not None:
             beat.stop()
-        if not step.released and store.release_lease(lease):
-            # Still ours (the step stopped without finishing, e.g. its heartbeat could not
-            # renew for a while): the run must not wait for the stale sweep.
-            wakeups.send(step.run_id)
 
 
-def _run(step: Step) -> str:
-    if step.stopped:
-        return step.outcome
-    try:
-        turn = step.turn
-        if step.recover_only:
-            recover_only(step, turn)
-        assert turn is not None
-        if turn.state == TurnState.RUNNING:
-            model_step(step, turn)
-        if turn.state == TurnState.AWAITING_TOOL:
-            tools_step(step, turn)
-    except StepEnded as stop:
-        return stop.outcome
-    return step.outcome
+def _send_all(step: Step, commit: Commit) -> str:
+    while True:
+        if not commit.sent:
+            store.send(commit.write)
+        if commit.failpoint is not None:
+            failpoint(*commit.failpoint)
+        if commit.then is not Then.GO_ON:
+            if commit.then is Then.PARK and commit.write.cancel_requested:
+                endings.cancel_parked(step.run)
+                return Outcome.FINISHED
+            return commit.then.outcome
+        if commit.write.cancel_requested and not step.abort.cancel_requested:
+            step.abort.abort(CANCEL_REQUESTED)
+        commit = _next(step)
+
+
+def _next(step: Step) -> Commit:
+    """The next phase's commit."""
+    if step.abort.aborted or step.deadline_passed():
+        return endings.interruption(step)
+    if step.settle_only:
+        commit = execution.settle_only(step, step.turn)
+        if commit is None:
+            write = step.write()
+            transitions.hand_off(write, step.run)
+            return Commit(write, Then.HAND_OFF)
+        return commit
+    turn = step.turn
+    if turn is None:
+        if step.turns_done:
+            # The turn is closed and committed; the next one not yet begun (nor enqueued).
+            failpoint("turn.before_enqueue")
+        made = claim.new_turn(step)
+        if isinstance(made, Commit):
+            return made
+        turn = made
+    if turn.content is None:
+        return model_turn.ask(step, turn)
+    return execution.next_commit(step, turn)

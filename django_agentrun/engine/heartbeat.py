@@ -26,7 +26,7 @@ import time
 
 from django.db import connection
 
-from .. import store
+from .. import children, store
 from ..abort import CANCEL_REQUESTED, LEASE_LOST, LEASE_UNRENEWED, AbortSignal
 from ..conf import agentrun_settings
 
@@ -97,7 +97,7 @@ class Heartbeat:
                 if not held:
                     self.abort.abort(LEASE_LOST)
                     return
-                if cancel and not self.abort.aborted:
+                if cancel and not self.abort.cancel_requested:
                     logger.info("Cancel request seen run_id=%s", self.lease.run_id)
                     self.abort.abort(CANCEL_REQUESTED)
         finally:
@@ -129,6 +129,7 @@ class Heartbeat:
     def _exit(self) -> None:
         if self._stop.is_set():
             return  # the step finished meanwhile: nothing runs under the lease any more
+        children.kill_started()  # nothing this process started may outlive its lease
         message = (
             f"agentrun: the lease of run {self.lease.run_id} runs out and its step has not "
             "stopped; ending the process so that no one else's recovery runs beside it\n"

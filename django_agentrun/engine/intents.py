@@ -13,6 +13,7 @@ from ..conf import agentrun_settings
 from ..events import payloads
 from ..models import ToolCall, Turn, idempotency_key_for
 from ..states import ResultSource, SideEffect, ToolCallState
+from ..store import Write
 from ..tools import ToolArgumentsError, arguments_hash
 from . import guards
 from .step import Step
@@ -28,14 +29,14 @@ FINAL_TURN = (
 
 
 def intents(
-    step: Step, turn: Turn, blocks: list[dict[str, Any]], truncated_id: str | None
+    step: Step, write: Write, turn: Turn, blocks: list[dict[str, Any]], truncated_id: str | None
 ) -> list[ToolCall]:
-    """The calls of `turn`, built (inserted with the answer); their events recorded."""
-    config, run, work = step.config, step.run, step.work()
+    """The calls of `turn`, built (added with the answer); their events recorded."""
+    config, run = step.config, step.run
     cap = config.get("max_tool_calls_per_turn") or agentrun_settings.DEFAULT_MAX_TOOL_CALLS_PER_TURN
     threshold = config.get("repeat_threshold") or agentrun_settings.REPEAT_THRESHOLD
     window = config.get("repeat_window") or agentrun_settings.REPEAT_WINDOW
-    history = [c.arguments_hash for t in step.turns for c in t.calls]  # type: ignore[attr-defined]
+    history = [c.arguments_hash for c in step.all_calls()]
     calls: list[ToolCall] = []
     now = timezone.now()
     for position, block in enumerate(blocks):
@@ -70,8 +71,8 @@ def intents(
             created_at=now,
         )
         if looped:
-            work.record(payloads.loop_detected(call, threshold))
-        work.record(payloads.tool_call_requested(call))
+            write.record(payloads.loop_detected(call, threshold))
+        write.record(payloads.tool_call_requested(call))
         if error is not None:
             call.result, call.is_error, call.result_source, call.finished_at = (
                 error,
@@ -79,7 +80,7 @@ def intents(
                 ResultSource.SYNTHETIC,
                 now,
             )
-            work.record(payloads.intercepted(call))
+            write.record(payloads.intercepted(call))
         calls.append(call)
     return calls
 

@@ -1,6 +1,7 @@
-"""The model turn: build the request from the recorded history, call the model with the
+"""The model turn: build the request from the history in memory, call the model with the
 engine's own bounded, cancellable backoff, and commit the complete answer with its tool
-calls in `requested` (the write-ahead intent) before any tool runs."""
+calls (the write-ahead intent) before any tool runs: the turn, its calls, the usage, and
+what follows (the first call in flight, a park for its approval, or the turn closed)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import logging
 import random
 from typing import Any
 
-from django.utils import timezone
+from django.db import DatabaseError
 
 from .. import transitions
 from ..clients import ModelError, ModelRequest, ModelResponse, StreamAborted
@@ -16,29 +17,34 @@ from ..conf import agentrun_settings
 from ..events import payloads
 from ..failpoints import failpoint
 from ..models import Turn
-from ..states import RunState, TurnState
-from . import guards
+from ..states import ToolCallState
+from . import endings, guards
 from .history import TurnRecord, build_messages, model_failure, sanitize_content
 from .intents import intents
-from .step import Step
+from .step import Commit, Step, Then
 
 logger = logging.getLogger(__name__)
 
 
-def model_step(step: Step, turn: Turn) -> None:
-    """Ask the model for this turn's answer and record it (one commit)."""
+def ask(step: Step, turn: Turn) -> Commit:
+    """Ask the model for this turn's answer; the commit that records it."""
     try:
         response, retries = call_model(step, request(step, turn))
     except StreamAborted:
-        step.interrupted()
+        return endings.interruption(step)
     except ModelError as exc:
-        with step.tx():
-            code, message = model_failure(exc)
-            step.fail(code, message[:2000], "model", turn=turn)
+        code, message = model_failure(exc)
+        return endings.fail(step, step.write(), code, message[:2000], "model")
+    except DatabaseError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - deterministic: the same request fails again
+        # The request could not be built or sent (a value the SDK cannot encode, a client
+        # bug): recovering would only repeat it, so the run fails at once, saying so.
+        logger.exception("Model request failed run_id=%s", step.run_id)
+        message = f"The request to the model could not be built or sent: {endings.describe(exc)}"
+        return endings.fail(step, step.write(), "model_request_failed", message[:2000], "model")
     failpoint("model.before_commit")
-    with step.tx():
-        record_response(step, turn, response, retries)
-    failpoint("model.after_commit")
+    return record(step, turn, response, retries)
 
 
 def request(step: Step, turn: Turn) -> ModelRequest:
@@ -66,7 +72,7 @@ def _records(step: Step) -> list[TurnRecord]:
         TurnRecord(
             index=t.index,
             content=t.content,
-            results=[c.tool_result_block() for c in t.calls if c.is_closed],  # type: ignore[attr-defined]
+            results=[c.tool_result_block() for c in step.calls_of(t) if c.is_closed],
         )
         for t in step.turns
     ]
@@ -109,14 +115,14 @@ def complete(response: ModelResponse) -> ModelResponse:
     return response
 
 
-def record_response(step: Step, turn: Turn, response: ModelResponse, retries: int) -> None:
+def record(step: Step, turn: Turn, response: ModelResponse, retries: int) -> Commit:
     """The write-ahead intent: the answer, its tool calls (`requested`, or closed at once
-    by a guard), the usage; then the turn closes if nothing is left to run."""
-    work, run = step.work(), step.run
+    by a guard), the usage; then what follows, in the same commit."""
+    write, run = step.write(), step.run
     content = sanitize_content(response.content)
     usage = response.usage.as_dict()
     cost = guards.cost_of(step.config["model"], usage)
-    stop = response.stop_reason
+    stop = response.stop_reason or ""
     blocks = [b for b in content if b.get("type") == "tool_use"]
     truncated_id = (
         content[-1].get("id")
@@ -125,39 +131,8 @@ def record_response(step: Step, turn: Turn, response: ModelResponse, retries: in
         and content[-1].get("type") == "tool_use"
         else None
     )
-    old_turn = turn.state
-    answer = payloads.model_response(turn, response, content, usage, cost)
-    work.record(answer)
-    ids = [b.get("id") for b in blocks]
-    earlier = {c.tool_call_id for t in step.turns for c in t.calls}  # type: ignore[attr-defined]
-    if not all(ids) or len(set(ids)) != len(ids) or earlier.intersection(ids):
-        # Unanswerable: results could not be matched to calls, and the API would refuse
-        # this content in the history. Keep it in the event only and stop here.
-        answer[1]["discarded"] = True
-        work.update(
-            turn,
-            None,
-            message_id=response.message_id,
-            request_id=response.request_id,
-            stop_reason=stop,
-            **usage,
-        )
-        step.fail(
-            "invalid_model_output",
-            "The model returned tool_use blocks with missing, duplicate or reused ids; the "
-            "response was recorded (and paid for) but not used.",
-            "model",
-            turn=turn,
-            incr={**usage, "cost_usd": cost},
-        )
-    calls = intents(step, turn, blocks, truncated_id)
-    work.insert(calls)
-    turn.calls = calls  # type: ignore[attr-defined]
-    turn.content = content
-    transitions.move(turn, TurnState.AWAITING_TOOL if calls else TurnState.COMPLETED)
-    answer[1]["turn_state"] = turn.state
-    fields: dict[str, Any] = dict(
-        content=content,
+    event = payloads.model_response(turn, response, content, usage, cost)
+    answer: dict[str, Any] = dict(
         message_id=response.message_id,
         request_id=response.request_id,
         model=response.model,
@@ -165,29 +140,58 @@ def record_response(step: Step, turn: Turn, response: ModelResponse, retries: in
         model_attempts=retries + 1,
         **usage,
     )
-    if not calls:
-        fields["finished_at"] = timezone.now()
-    work.update(turn, old_turn, **fields)
     # Usage is counted here, once per recorded response.
-    incr = {**usage, "cost_usd": cost, "turn_count": 1}
+    write.count(**usage, cost_usd=cost, turn_count=1)
+    ids = [b.get("id") for b in blocks]
+    earlier = {c.tool_call_id for c in step.all_calls()}
+    if not all(ids) or len(set(ids)) != len(ids) or earlier.intersection(ids):
+        # Unanswerable: results could not be matched to calls, and the API would refuse
+        # this content in the history. Keep it in the event only and stop here.
+        event[1]["discarded"] = True
+        transitions.answer_turn(write, turn, answer, event, [], discarded=True)
+        return endings.fail(
+            step,
+            write,
+            "invalid_model_output",
+            "The model returned tool_use blocks with missing, duplicate or reused ids; the "
+            "response was recorded (and paid for) but not used.",
+            "model",
+            turn=turn,
+        )
+    calls = intents(step, write, turn, blocks, truncated_id)
+    transitions.answer_turn(write, turn, {**answer, "content": content}, event, calls)
+    step.remember(turn, calls)
     if stop == "model_context_window_exceeded":
-        step.fail(
+        return endings.fail(
+            step,
+            write,
             "context_window_exceeded",
             "The conversation no longer fits the model's context window.",
             "model",
             turn=turn,
-            incr=incr,
         )
-    if calls and all(c.is_closed for c in calls):
-        step.close_turn(turn, incr=incr)
-    elif calls:
-        old = transitions.move(run, RunState.AWAITING_TOOL)
-        answer[1]["run_state"] = run.state
-        step.write(old_state=old, incr=incr)
-    else:
-        work.record(payloads.turn_completed(turn))
-        if turn.is_final:
-            step.complete("max_turns", incr=incr)
-        if stop == "pause_turn":
-            step.go_on(incr=incr)
-        step.complete(stop, incr=incr)
+    if any(not c.is_closed for c in calls):
+        transitions.await_tools(write, run)
+        event[1]["run_state"] = run.state
+    return Commit(write, _then(step, write, turn, calls, stop), ("model.after_commit", None))
+
+
+def _then(step: Step, write: Any, turn: Turn, calls: list[Any], stop: str) -> Then:
+    if any(not c.is_closed for c in calls):
+        first = next(c for c in calls if not c.is_closed)
+        if first.state == ToolCallState.REQUESTED:
+            # As if the call before it had just closed: start it, or park for its approval.
+            return endings.after_call(step, write, turn)
+        return Then.GO_ON
+    if calls:
+        return endings.after_turn(step, write, turn)
+    # No tools asked for: the turn is complete.
+    if turn.is_final:
+        step.turns_done += 1
+        endings.complete(step, write, "max_turns")
+        return Then.FINISH
+    if stop == "pause_turn":
+        return endings.after_turn(step, write, turn)
+    step.turns_done += 1
+    endings.complete(step, write, stop)
+    return Then.FINISH

@@ -35,11 +35,11 @@ def _turn(turn: Any) -> dict[str, Any]:
 
 
 def run_created(run: Any, owner: Any) -> Event:
+    """The agent's configuration is the run's (Run.config), not repeated here."""
     return EventType.RUN_CREATED, {
         "run_state": run.state,
         "agent": run.agent,
         "input": run.input,
-        "config": run.config,
         "correlation_id": run.correlation_id,
         "metadata": run.metadata,
         "owner": user_id(owner),
@@ -80,10 +80,11 @@ def run_failed(run: Any, code: str, message: str, phase: str, checkpoint: int) -
 
 
 def run_completed(run: Any, stop_reason: str, output: Any, usage: dict[str, int]) -> Event:
+    """The output's text; its content is the last answer's, recorded with that answer."""
     return EventType.RUN_COMPLETED, {
         "run_state": run.state,
         "stop_reason": stop_reason,
-        "output": output,
+        "output": {"text": output.get("text", "")} if isinstance(output, dict) else output,
         "usage": usage,
     }
 
@@ -222,11 +223,11 @@ def tool_call_retried(call: Any, decision: dict[str, Any]) -> Event:
     }
 
 
-def approval_requested(call: Any, payload: dict, token: str, deadline: datetime | None) -> Event:
+def approval_requested(call: Any, payload: dict, deadline: datetime | None) -> Event:
+    """No resume token: a token is minted for whoever shows the decision, never stored."""
     return EventType.APPROVAL_REQUESTED, {
         **_call(call),
         "payload": payload,
-        "token": token,
         "deadline": _iso(deadline),
         "tool_call_state": call.state,
     }

@@ -6,9 +6,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from django.db import transaction
 from django.utils import timezone
 
-from .. import transitions
+from .. import store, transitions
 from ..agents import get_agent
 from ..content import stored_result
 from ..events import EventType, payloads
@@ -16,7 +17,6 @@ from ..exceptions import ApprovalError, InvalidArguments, InvalidTransition
 from ..fields import check_json, check_text
 from ..models import Run, ToolCall
 from ..states import ResultSource, RunState, ToolCallState
-from ..store import unit
 from ..tokens import check_approval_token
 from ..tools import ToolArgumentsError, arguments_hash
 
@@ -65,7 +65,7 @@ def approve_tool_call(
 ) -> ToolCall:
     """Approve a waiting call (optionally with edited arguments, re-validated); twice is a no-op."""
     check_text(note, "The note")
-    with unit(atomic=True) as work:
+    with transaction.atomic():
         call, run = _lock_call(tool_call)
         if call.approved and call.state != ToolCallState.AWAITING_APPROVAL and arguments is None:
             return call
@@ -88,10 +88,11 @@ def approve_tool_call(
                     arguments_hash=arguments_hash(call.name, canonical),
                 )
                 edited = canonical
-        old = transitions.move(call, ToolCallState.REQUESTED)
-        work.update(call, old, **fields)
-        work.record(payloads.approval_granted(call, by, note, edited))
-        transitions.go_on_after_decision(work, run, call)
+        write = store.Write(run)
+        decided = {k: v for k, v in fields.items() if k != "approved"}
+        transitions.approve_call(write, call, decided, by=by, note=note, edited=edited)
+        transitions.after_decision(write, run, call)
+        store.send(write)
     logger.info("Tool call approved run_id=%s tool_call_id=%s", run.pk, call.tool_call_id)
     return call
 
@@ -101,7 +102,7 @@ def reject_tool_call(
 ) -> ToolCall:
     """Decline a waiting call: it closes with an is_error result that tells the model why."""
     check_text(reason, "The reason")
-    with unit(atomic=True) as work:
+    with transaction.atomic():
         call, run = _lock_call(tool_call)
         if call.state == ToolCallState.REJECTED:
             return call
@@ -110,18 +111,17 @@ def reject_tool_call(
             f"A person declined this tool call. Reason: {reason or 'no reason given'}. "
             "Do not retry it as is."
         )
+        write = store.Write(run)
         transitions.close_call(
-            work,
+            write,
             call,
-            ToolCallState.REJECTED,
-            text,
-            is_error=True,
-            source=ResultSource.PERSON,
+            transitions.Outcome(ToolCallState.REJECTED, text, True, ResultSource.PERSON),
             fields=_decided(by, reason),
             extra=payloads.decision("rejected", by, reason),
             kind=EventType.APPROVAL_DECIDED,
         )
-        transitions.go_on_after_decision(work, run, call)
+        transitions.after_decision(write, run, call)
+        store.send(write)
     logger.info("Tool call rejected run_id=%s tool_call_id=%s", run.pk, call.tool_call_id)
     return call
 
@@ -139,7 +139,7 @@ def resolve_tool_call(
     value, or a ToolResult), `retry` (one new attempt) or `fail` (an is_error result)."""
     check_text(note, "The note")
     done = stored_result(result) if action == "done" else None  # InvalidContent: nothing written
-    with unit(atomic=True) as work:
+    with transaction.atomic():
         call, run = _lock_call(tool_call)
         if call.state != ToolCallState.UNKNOWN:
             raise ApprovalError(f"Tool call {call.tool_call_id} is {call.state}, not unknown.")
@@ -151,21 +151,21 @@ def resolve_tool_call(
             "extra": extra,
             "kind": EventType.TOOL_CALL_RESOLVED,
         }
+        write = store.Write(run)
         if action in ("done", "fail"):
             failed = f"The tool call failed (decided by a person). {note}".strip()
-            target, value, is_error = (
-                (ToolCallState.SUCCEEDED, done, False)
+            outcome = (
+                transitions.Outcome(ToolCallState.SUCCEEDED, done, False, ResultSource.PERSON)
                 if action == "done"
-                else (ToolCallState.ERRORED, failed, True)
+                else transitions.Outcome(ToolCallState.ERRORED, failed, True, ResultSource.PERSON)
             )
-            transitions.close_call(
-                work, call, target, value, is_error=is_error, source=ResultSource.PERSON, **closing
-            )
+            transitions.close_call(write, call, outcome, **closing)
         elif action == "retry":
-            transitions.retry_call(work, call, _decided(by, note), extra)
+            transitions.retry_call(write, call, _decided(by, note), extra)
         else:
             raise ApprovalError(f"Unknown action {action!r}: use done, retry or fail.")
-        transitions.go_on_after_decision(work, run, call)
+        transitions.after_decision(write, run, call)
+        store.send(write)
     logger.info(
         "Tool call resolved run_id=%s tool_call_id=%s action=%s", run.pk, call.tool_call_id, action
     )
@@ -182,7 +182,7 @@ def replace_tool_result(
     sends the history with the new result."""
     check_text(note, "The note")
     stored = stored_result(result)  # InvalidContent: nothing written
-    with unit(atomic=True) as work:
+    with transaction.atomic():
         call, run = _lock_call(tool_call)
         if run.state not in REPAIRABLE:
             raise InvalidTransition(
@@ -194,8 +194,9 @@ def replace_tool_result(
                 f"Tool call {call.tool_call_id} is {call.state}: only a closed call's result "
                 "can be replaced."
             )
-        transitions.replace_result(work, call, stored, is_error=is_error, by=by, note=note)
-        work.write_run(run)
+        write = store.Write(run)
+        transitions.replace_result(write, call, stored, is_error=is_error, by=by, note=note)
+        store.send(write)
     logger.info(
         "Tool result replaced run_id=%s tool_call_id=%s by=%s",
         run.pk,

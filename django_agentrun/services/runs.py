@@ -11,7 +11,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from .. import transitions, wakeups
+from .. import store, transitions, wakeups
 from ..agents import Agent, get_agent
 from ..content import BLOCK_TYPES, has_cache_control, validate_blocks
 from ..events import payloads
@@ -19,7 +19,7 @@ from ..exceptions import IdempotencyConflict, InvalidInput, RunNotActive, Unknow
 from ..fields import check_json, check_text
 from ..models import Run, RunEvent
 from ..states import RunState
-from ..store import database_now, unit
+from ..store import database_now
 
 logger = logging.getLogger(__name__)
 
@@ -139,37 +139,31 @@ def cancel_run(run: Run | Any, *, by: Any = None, reason: str = "") -> Run:
     """Ask a run to stop. Applied at once when no worker holds it; otherwise the holder
     sees the request within about a second and closes the turn cleanly."""
     check_text(reason, "The reason")
-    with unit(atomic=True) as work:
+    with transaction.atomic():
         run = Run.objects.select_for_update().get(pk=getattr(run, "pk", run))
         if run.state == RunState.CANCELLED:
             return run
         if not run.is_active:
             raise RunNotActive(f"Run {run.pk} is {run.state}: there is nothing to cancel.")
-        fields: dict[str, Any] = {}
+        write = store.Write(run)
         if run.cancel_requested_at is None:
-            fields = {
-                "cancel_requested_at": timezone.now(),
-                "cancel_reason": reason,
-                "cancel_requested_by": by if getattr(by, "pk", None) else None,
-            }
-            work.record(payloads.cancel_requested(by, reason))
+            transitions.request_cancel(write, run, by, reason)
         if run.state in (RunState.QUEUED, RunState.AWAITING_APPROVAL) or not _lease_live(
             run, database_now()
         ):
             reason = reason or run.cancel_reason or "cancelled"
-            transitions.close_run(work, run, None, RunState.CANCELLED, reason, fields=fields)
-        else:
-            work.write_run(run, fields=fields)
+            transitions.stop_run(write, run, RunState.CANCELLED, reason)
+        if write.events:
+            store.send(write)
     logger.info("Cancel requested run_id=%s state=%s", run.pk, run.state)
     return run
 
 
 def resume_run(run: Run | Any, *, by: Any = None) -> Run:
     """Queue a failed, cancelled or timed-out run again; it continues from its history."""
-    with unit(atomic=True) as work:
+    with transaction.atomic():
         run = Run.objects.select_for_update().get(pk=getattr(run, "pk", run))
         now = timezone.now()
-        old = transitions.move(run, RunState.QUEUED)
         fields: dict[str, Any] = {
             "error_code": "",
             "error_message": "",
@@ -181,16 +175,15 @@ def resume_run(run: Run | Any, *, by: Any = None) -> Run:
             "recovery_attempts": 0,
             "queued_at": now,
             "finished_at": None,
-            **transitions.released(),
         }
         if run.deadline is not None and run.deadline <= now:
             # A passed deadline would end it again at once. The agent's own time limit
             # starts over; a one-off deadline given to start_run is dropped.
             limit = _agent_deadline_seconds(run)
             fields["deadline"] = now + timedelta(seconds=limit) if limit else None
-        work.record(payloads.run_resumed(run, by, old))
-        work.write_run(run, old_state=old, fields=fields)
-        transitions.wake(work, run.pk)
+        write = store.Write(run)
+        transitions.resume(write, run, by, fields)
+        store.send(write)
     logger.info("Run resumed run_id=%s", run.pk)
     return run
 

@@ -1,24 +1,25 @@
-"""Leases: claim a run (and read its history in the same round trip), renew, poll, release,
-and the reaper's take-over. Expiry is set and judged by the database's clock."""
+"""Leases: claim a run (and read its history in the same round trip), renew, poll,
+release, let run out, and the reaper's take-over. On Postgres expiry is set and judged by
+the database's clock (queries.sql); elsewhere by the app's, through the ORM."""
 
 from __future__ import annotations
 
 import sys
 import time
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import timedelta
 from typing import Any
 
 from django.db import connection
+from django.db.models import F, Q
 from django.utils import timezone
 
 from ..conf import agentrun_settings
 from ..models import Run, ToolCall, Turn
 from ..states import RunState
-from .clock import clock, db_value
-from .rows import columns, instances
-from .runs import Lease
+from .rows import column_names, instances
 from .sql import sql
+from .writes import Lease
 
 CLAIMABLE = (RunState.QUEUED, RunState.RUNNING, RunState.AWAITING_TOOL)
 
@@ -35,6 +36,10 @@ class Claimed:
     took_over: bool = False
 
 
+def _postgres() -> bool:
+    return connection.vendor == "postgresql"
+
+
 def claim(
     run_id: Any, owner: str, *, steal_from: str | None = None, history: bool = True
 ) -> Claimed | None:
@@ -43,74 +48,58 @@ def claim(
     expired by the database's clock, or `steal_from` (a holder known to be dead), counting
     a recovery. None: another live holder, or nothing to advance."""
     if not steal_from:
-        claimed = _claim(run_id, owner, None, history)
+        claimed = _claim(run_id, owner, "claim_released", None, history)
         if claimed is not None:
             return claimed
-    return _claim(run_id, owner, steal_from or "", history)
+    return _claim(run_id, owner, "claim_takeover", steal_from, history)
 
 
-def _claim(run_id: Any, owner: str, takeover: str | None, history: bool) -> Claimed | None:
-    """takeover None: a released lease; "" an expired one; a name: that holder's too."""
+def _claim(
+    run_id: Any, owner: str, name: str, dead_holder: str | None, history: bool
+) -> Claimed | None:
     started = time.monotonic()  # before the statement: the lease is valid no longer than this
-    expires, expires_params = clock(agentrun_settings.LEASE_SECONDS)
-    params: list[Any] = [
-        owner,
-        *expires_params,
-        db_value(Run, "updated_at", timezone.now()),
-        db_value(Run, "id", run_id),
-        *CLAIMABLE,
-    ]
-    if takeover is None:
-        statement = sql("claim_released", expires=expires, run_columns=columns(Run))
+    seconds = agentrun_settings.LEASE_SECONDS
+    if _postgres():
+        params = {
+            "run_id": run_id,
+            "owner": owner,
+            "lease_seconds": float(seconds),
+            "dead_holder": dead_holder,
+        }
+        statements = [sql(name)]
+        if history:
+            statements += [sql("select_turns"), sql("select_tool_calls")]
+        results = _execute_many(statements, params)
     else:
-        now, now_params = clock()
-        params += now_params
-        steal = ""
-        if takeover:
-            steal = sql("steal")
-            params.append(takeover)
-        statement = sql(
-            "claim_takeover", expires=expires, now=now, or_steal=steal, run_columns=columns(Run)
-        )
-    statements = [(statement, params)]
-    if history:
-        run_db = db_value(Run, "id", run_id)
-        statements += [
-            (sql("select_turns", turn_columns=columns(Turn)), [run_db]),
-            (sql("select_tool_calls", call_columns=columns(ToolCall)), [run_db]),
-        ]
-    results = _execute_many(statements)
-    if not results[0]:
+        results = _claim_portable(run_id, owner, name, dead_holder, history, seconds)
+    run_names, run_rows = results[0]
+    if not run_rows:
         return None
-    run = instances(Run, results[0])[0]
-    turns = instances(Turn, results[1]) if history else []
-    calls = instances(ToolCall, results[2]) if history else []
-    lease = Lease(
-        run_id=run.pk,
-        owner=owner,
-        epoch=run.lease_epoch,
-        valid_until=started + agentrun_settings.LEASE_SECONDS,
-    )
-    return Claimed(lease, run, turns, calls, took_over=takeover is not None)
+    run = instances(Run, run_names, run_rows)[0]
+    turns = instances(Turn, *results[1]) if history else []
+    calls = instances(ToolCall, *results[2]) if history else []
+    lease = Lease(run.pk, owner, run.lease_epoch, valid_until=started + seconds)
+    return Claimed(lease, run, turns, calls, took_over=name == "claim_takeover")
 
 
-def _execute_many(statements: list[tuple[str, list[Any]]]) -> list[list[tuple]]:
-    """Run statements that return rows; one round trip where the driver allows several
+Result = tuple[tuple[str, ...], list[tuple]]
+
+
+def _execute_many(statements: list[str], params: dict[str, Any]) -> list[Result]:
+    """Statements that return rows; one round trip where the driver allows several
     statements in one query."""
     with connection.cursor() as cursor:
         if len(statements) > 1 and _multi_statement(cursor):
-            cursor.execute(
-                "; ".join(text for text, _ in statements), [p for _, ps in statements for p in ps]
-            )
-            results = [cursor.fetchall()]
+            cursor.execute(";\n".join(statements), params)
+            results = [(column_names(cursor), cursor.fetchall())]
             for _ in statements[1:]:
                 cursor.nextset()
-                results.append(cursor.fetchall())
+                results.append((column_names(cursor), cursor.fetchall()))
             return results
         results = []
-        for text, params in statements:
+        for text in statements:
             cursor.execute(text, params)
-            results.append(cursor.fetchall())
+            results.append((column_names(cursor), cursor.fetchall()))
         return results
 
 
@@ -119,11 +108,49 @@ def _multi_statement(cursor: Any) -> bool:
     cursor only (psycopg2 returns the last statement's rows only; psycopg 3's server-side
     binding refuses several statements). Never imports a driver the project does not use."""
     psycopg = sys.modules.get("psycopg")
-    return (
-        connection.vendor == "postgresql"
-        and psycopg is not None
-        and isinstance(cursor.cursor, psycopg.ClientCursor)
-    )
+    return psycopg is not None and isinstance(cursor.cursor, psycopg.ClientCursor)
+
+
+def _claim_portable(
+    run_id: Any, owner: str, name: str, dead_holder: str | None, history: bool, seconds: float
+) -> list[Result]:
+    """The claim statements of queries.sql, through the ORM (the app's clock)."""
+    now = timezone.now()
+    rows = Run._base_manager.filter(pk=run_id, state__in=CLAIMABLE)
+    fields: dict[str, Any] = {
+        "lease_owner": owner,
+        "lease_expires_at": now + timedelta(seconds=seconds),
+        "lease_epoch": F("lease_epoch") + 1,
+        "updated_at": now,
+    }
+    if name == "claim_released":
+        rows = rows.filter(lease_owner="")
+    else:
+        expired = Q(lease_expires_at__lt=now)
+        if dead_holder:
+            expired |= Q(lease_owner=dead_holder)
+        rows = rows.exclude(lease_owner="").filter(expired)
+        fields["recovery_attempts"] = F("recovery_attempts") + 1
+    if not rows.update(**fields):
+        return [((), [])]
+    results = [_orm_rows(Run._base_manager.filter(pk=run_id))]
+    if history:
+        results.append(_orm_rows(Turn._base_manager.filter(run_id=run_id).order_by("index")))
+        results.append(
+            _orm_rows(
+                ToolCall._base_manager.filter(run_id=run_id).order_by("turn_index", "position")
+            )
+        )
+    return results
+
+
+def _orm_rows(queryset: Any) -> Result:
+    fields = queryset.model._meta.concrete_fields
+    names = tuple(f.column for f in fields)
+    sql_text, params = queryset.values_list(*(f.attname for f in fields)).query.sql_with_params()
+    with connection.cursor() as cursor:
+        cursor.execute(sql_text, params)
+        return names, cursor.fetchall()
 
 
 def take_lease(run: Run, owner: str, *, seconds: float | None = None) -> Lease:
@@ -131,39 +158,66 @@ def take_lease(run: Run, owner: str, *, seconds: float | None = None) -> Lease:
     any previous holder by bumping the epoch."""
     started = time.monotonic()
     seconds = agentrun_settings.LEASE_SECONDS if seconds is None else seconds
-    expires, expires_params = clock(seconds)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            sql("take_lease", expires=expires),
-            [owner, *expires_params, run.lease_epoch + 1, db_value(Run, "id", run.pk)],
+    if _postgres():
+        with connection.cursor() as cursor:
+            cursor.execute(
+                sql("take_lease"),
+                {"owner": owner, "lease_seconds": float(seconds), "run_id": run.pk},
+            )
+            epoch, expires_at = cursor.fetchone()
+    else:
+        epoch, expires_at = run.lease_epoch + 1, timezone.now() + timedelta(seconds=seconds)
+        Run._base_manager.filter(pk=run.pk).update(
+            lease_owner=owner, lease_expires_at=expires_at, lease_epoch=epoch
         )
-        expires_at = cursor.fetchone()[0]
-    run.lease_owner, run.lease_epoch = owner, run.lease_epoch + 1
-    run.lease_expires_at = expires_at if isinstance(expires_at, datetime) else timezone.now()
-    return Lease(run.pk, owner, run.lease_epoch, valid_until=started + seconds)
+    run.lease_owner, run.lease_epoch, run.lease_expires_at = owner, epoch, expires_at
+    return Lease(run.pk, owner, epoch, valid_until=started + seconds)
+
+
+def _fenced(lease: Lease) -> Any:
+    return Run._base_manager.filter(
+        pk=lease.run_id, lease_epoch=lease.epoch, lease_owner=lease.owner
+    )
+
+
+def _lease_params(lease: Lease) -> dict[str, Any]:
+    return {"run_id": lease.run_id, "epoch": lease.epoch, "owner": lease.owner}
 
 
 def release_lease(lease: Lease) -> bool:
     """Give the lease back (best effort; an expired lease is harmless). Whether it was held.
     A released lease keeps the time (the database's): a run nobody claims since then lost
     its wake-up (the reaper)."""
-    now, now_params = clock()
+    if not _postgres():
+        return _fenced(lease).update(lease_owner="", lease_expires_at=timezone.now()) == 1
     with connection.cursor() as cursor:
-        cursor.execute(
-            sql("release_lease", now=now),
-            [*now_params, db_value(Run, "id", lease.run_id), lease.epoch, lease.owner],
-        )
+        cursor.execute(sql("release_lease"), _lease_params(lease))
+        return cursor.rowcount == 1
+
+
+def expire_lease(lease: Lease) -> bool:
+    """Let the lease run out now, keeping its owner: the next claim takes it over and counts
+    a recovery (for a step stopped because its lease could not be renewed)."""
+    if not _postgres():
+        return _fenced(lease).update(lease_expires_at=timezone.now()) == 1
+    with connection.cursor() as cursor:
+        cursor.execute(sql("expire_lease"), _lease_params(lease))
         return cursor.rowcount == 1
 
 
 def renew_lease(lease: Lease) -> tuple[bool, bool]:
     """Extend the lease; (still held, cancel requested)."""
-    expires, expires_params = clock(agentrun_settings.LEASE_SECONDS)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            sql("renew_lease", expires=expires),
-            [*expires_params, db_value(Run, "id", lease.run_id), lease.epoch, lease.owner],
+    if not _postgres():
+        expires = timezone.now() + timedelta(seconds=agentrun_settings.LEASE_SECONDS)
+        if not _fenced(lease).update(lease_expires_at=expires):
+            return False, False
+        cancel = Run._base_manager.filter(pk=lease.run_id).values_list(
+            "cancel_requested_at", flat=True
         )
+        return True, cancel.get() is not None
+    params = {**_lease_params(lease), "lease_seconds": float(agentrun_settings.LEASE_SECONDS)}
+    with connection.cursor() as cursor:
+        cursor.execute(sql("renew_lease"), params)
         row = cursor.fetchone()
     if row is None:
         return False, False
@@ -172,9 +226,16 @@ def renew_lease(lease: Lease) -> tuple[bool, bool]:
 
 def poll_cancel(lease: Lease) -> tuple[bool, bool]:
     """A cheap read: (still held, cancel requested)."""
-    with connection.cursor() as cursor:
-        cursor.execute(sql("poll_cancel"), [db_value(Run, "id", lease.run_id)])
-        row = cursor.fetchone()
+    if not _postgres():
+        row = (
+            Run._base_manager.filter(pk=lease.run_id)
+            .values_list("lease_epoch", "lease_owner", "cancel_requested_at")
+            .first()
+        )
+    else:
+        with connection.cursor() as cursor:
+            cursor.execute(sql("poll_cancel"), {"run_id": lease.run_id})
+            row = cursor.fetchone()
     if row is None:
         return False, False
     return (row[0] == lease.epoch and row[1] == lease.owner), row[2] is not None

@@ -1,111 +1,224 @@
--- Every statement the engine and the reaper write by hand, by name (store/sql.py loads
--- them once). `{slot}`s are filled only with identifiers, column lists and placeholder
--- lists built from the models; values are always parameters (%s).
--- tests/postgres/test_golden_sql.py renders each write shape of a turn, so a change here shows in review.
+-- Every statement the engine and the reaper send by hand on Postgres, complete and by
+-- name (store/sql.py loads them once; procrastinate's habit). Values are named
+-- parameters, %(name)s, never spliced in. Times are the database's (statement_timestamp()):
+-- leases are set and judged by its clock, not by each app server's. On other databases
+-- the store does the same through the ORM (store/leases.py, store/writes.py).
+-- tests/postgres/test_golden_sql.py sends each write shape of a turn and keeps what it
+-- sent, so a change here shows in review; tests/postgres/test_write.py checks that every
+-- column of the tables is named below or declared unchanging.
 
 -- name: claim_released
 -- Take a released lease (the usual case): no recovery is counted.
 UPDATE "agentrun_run"
-SET "lease_owner" = %s, "lease_expires_at" = {expires}, "updated_at" = %s,
-    "lease_epoch" = "lease_epoch" + 1
-WHERE "id" = %s AND "state" IN (%s, %s, %s) AND "lease_owner" = ''
-RETURNING {run_columns}
+SET "lease_owner" = %(owner)s,
+    "lease_expires_at" = statement_timestamp() + %(lease_seconds)s * interval '1 second',
+    "lease_epoch" = "lease_epoch" + 1,
+    "updated_at" = statement_timestamp()
+WHERE "id" = %(run_id)s
+  AND "state" IN ('queued', 'running', 'awaiting_tool')
+  AND "lease_owner" = ''
+RETURNING *
 
 -- name: claim_takeover
 -- Take the lease from a holder that never released it: expired by the database's clock,
--- or the holder named (known dead). Counts a recovery.
+-- or the holder named in %(dead_holder)s (known dead; NULL for none). Counts a recovery.
 UPDATE "agentrun_run"
-SET "lease_owner" = %s, "lease_expires_at" = {expires}, "updated_at" = %s,
-    "lease_epoch" = "lease_epoch" + 1, "recovery_attempts" = "recovery_attempts" + 1
-WHERE "id" = %s AND "state" IN (%s, %s, %s) AND "lease_owner" <> ''
-  AND ("lease_expires_at" < {now}{or_steal})
-RETURNING {run_columns}
-
--- name: steal
- OR "lease_owner" = %s
+SET "lease_owner" = %(owner)s,
+    "lease_expires_at" = statement_timestamp() + %(lease_seconds)s * interval '1 second',
+    "lease_epoch" = "lease_epoch" + 1,
+    "recovery_attempts" = "recovery_attempts" + 1,
+    "updated_at" = statement_timestamp()
+WHERE "id" = %(run_id)s
+  AND "state" IN ('queued', 'running', 'awaiting_tool')
+  AND "lease_owner" <> ''
+  AND ("lease_expires_at" < statement_timestamp() OR "lease_owner" = %(dead_holder)s)
+RETURNING *
 
 -- name: select_turns
-SELECT {turn_columns} FROM "agentrun_turn" WHERE "run_id" = %s ORDER BY "index"
+SELECT * FROM "agentrun_turn" WHERE "run_id" = %(run_id)s ORDER BY "index"
 
 -- name: select_tool_calls
-SELECT {call_columns} FROM "agentrun_toolcall" WHERE "run_id" = %s
-ORDER BY "turn_index", "position"
+SELECT * FROM "agentrun_toolcall" WHERE "run_id" = %(run_id)s ORDER BY "turn_index", "position"
 
 -- name: renew_lease
-UPDATE "agentrun_run" SET "lease_expires_at" = {expires}
-WHERE "id" = %s AND "lease_epoch" = %s AND "lease_owner" = %s
+UPDATE "agentrun_run"
+SET "lease_expires_at" = statement_timestamp() + %(lease_seconds)s * interval '1 second'
+WHERE "id" = %(run_id)s AND "lease_epoch" = %(epoch)s AND "lease_owner" = %(owner)s
 RETURNING "cancel_requested_at"
 
 -- name: poll_cancel
-SELECT "lease_epoch", "lease_owner", "cancel_requested_at" FROM "agentrun_run" WHERE "id" = %s
+SELECT "lease_epoch", "lease_owner", "cancel_requested_at" FROM "agentrun_run"
+WHERE "id" = %(run_id)s
 
 -- name: release_lease
-UPDATE "agentrun_run" SET "lease_owner" = '', "lease_expires_at" = {now}
-WHERE "id" = %s AND "lease_epoch" = %s AND "lease_owner" = %s
+-- Give the lease back; it keeps the time: a run nobody claims since then lost its wake-up.
+UPDATE "agentrun_run" SET "lease_owner" = '', "lease_expires_at" = statement_timestamp()
+WHERE "id" = %(run_id)s AND "lease_epoch" = %(epoch)s AND "lease_owner" = %(owner)s
+
+-- name: expire_lease
+-- Let the lease run out now, keeping its owner: the next claim is a take-over and counts
+-- a recovery (a step that stopped because it could not renew its lease).
+UPDATE "agentrun_run" SET "lease_expires_at" = statement_timestamp()
+WHERE "id" = %(run_id)s AND "lease_epoch" = %(epoch)s AND "lease_owner" = %(owner)s
 
 -- name: take_lease
 -- The reaper, holding the row locked: fence out any previous holder.
-UPDATE "agentrun_run" SET "lease_owner" = %s, "lease_expires_at" = {expires}, "lease_epoch" = %s
-WHERE "id" = %s
-RETURNING "lease_expires_at"
+UPDATE "agentrun_run"
+SET "lease_owner" = %(owner)s,
+    "lease_expires_at" = statement_timestamp() + %(lease_seconds)s * interval '1 second',
+    "lease_epoch" = "lease_epoch" + 1
+WHERE "id" = %(run_id)s
+RETURNING "lease_epoch", "lease_expires_at"
 
 -- name: database_now
 SELECT statement_timestamp()
 
--- name: now_postgres
--- The database's clock: leases are set and judged by it, not by each app server's.
-statement_timestamp()
-
--- name: later_postgres
-(statement_timestamp() + %s * interval '1 second')
-
--- name: utc_column
--- Timestamps read as UTC `timestamp`: psycopg parses that in C (Django's timestamptz
--- loader is pure Python); rows.instances puts the tzinfo back.
-({column} AT TIME ZONE 'UTC')
-
--- name: run_update
--- The compare-and-set write of a run row. {conditions}: the expected state, the lease
--- (epoch and owner), and for a lone write every row update of the statement (see
--- composed_write). last_seq grows by the number of events: their seqs, gap-free.
-UPDATE "agentrun_run" SET {assignments}, "last_seq" = "last_seq" + %s
-WHERE "id" = %s{conditions}
-RETURNING "last_seq", "cancel_requested_at"
-
--- name: expected_state
- AND "state" = %s
-
--- name: fence
- AND "lease_epoch" = %s AND "lease_owner" = %s
-
--- name: gate
- AND EXISTS (SELECT 1 FROM c{i})
-
--- name: row_update
--- A compare-and-set update of one turn or tool call (the state it was read in).
-UPDATE {table} SET {assignments} WHERE "id" = %s{expected_state}
-
--- name: rows_insert
-INSERT INTO {table} ({columns}) VALUES {rows}
-
--- name: events_insert
--- Events after their run write (SQLite, or when the run write is sent on its own).
-INSERT INTO "agentrun_runevent" ("run_id", "seq", "type", "payload", "created_at") VALUES {rows}
-
--- name: composed_write
--- Postgres: a step's deferred row inserts and updates (c0, c1, ...), its run write (r)
--- and its events (e) as one statement. The events take their seqs from r. Each row
--- update's count and each insert's new ids come back to be checked. Alone (autocommit),
--- r matches only if every row update matched (gates), and with no r the events' seq is
--- 1, which the run already has: the statement fails as a whole on the unique constraint
--- agentrun_runevent_seq (FENCE_CONSTRAINT), which store.runs turns into the refusal.
-WITH {ctes}r AS ({run_update}),
-e AS (INSERT INTO "agentrun_runevent" ("run_id", "seq", "type", "payload", "created_at")
-      SELECT %s, {seq}, v.t, v.p, %s FROM {source}(VALUES {rows}) AS v(i, t, p))
-SELECT r."last_seq", r."cancel_requested_at"{results} FROM r
-
--- name: seq_alone
-COALESCE((SELECT "last_seq" FROM r) - %s + v.i, 1)
-
--- name: seq_in_transaction
-r."last_seq" - %s + v.i
+-- name: write
+-- One commit: the run's compare-and-set UPDATE (r), fenced by its lease, with the turn and
+-- tool-call rows the commit adds or changes and its events, as one statement: sent alone
+-- in autocommit it is its own transaction, all or nothing.
+--
+-- Rows to change come as JSON lists of {"id", "expected" (the state the row was read in),
+-- "changes" (column -> new value)}; a column absent from "changes" keeps its value (and a
+-- large value stays where TOAST put it). Rows to add come as JSON lists of whole rows. The
+-- run's new values come in %(run_changes)s the same way; %(lease)s says what happens to the
+-- lease's expiry: 'keep', 'now' (released, or run out) or 'renew'.
+--
+-- Refusals: r matches only if the run is still in %(expected_state)s (when given), still
+-- held under %(epoch)s by %(owner)s (when given), and every row change matched its row.
+-- With no r the events' seq is 1, which the run's first event already has: the statement
+-- fails as a whole on the unique constraint agentrun_runevent_seq (FENCE_CONSTRAINT),
+-- which store/writes.py turns into LeaseLost or ConcurrentUpdate.
+WITH
+turns_changed AS (
+  UPDATE "agentrun_turn" AS t SET
+    "state" = CASE WHEN v.changes ? 'state' THEN p."state" ELSE t."state" END,
+    "content" = CASE WHEN v.changes ? 'content' THEN p."content" ELSE t."content" END,
+    "message_id" = CASE WHEN v.changes ? 'message_id' THEN p."message_id" ELSE t."message_id" END,
+    "request_id" = CASE WHEN v.changes ? 'request_id' THEN p."request_id" ELSE t."request_id" END,
+    "model" = CASE WHEN v.changes ? 'model' THEN p."model" ELSE t."model" END,
+    "stop_reason" = CASE WHEN v.changes ? 'stop_reason' THEN p."stop_reason" ELSE t."stop_reason" END,
+    "model_attempts" = CASE WHEN v.changes ? 'model_attempts' THEN p."model_attempts" ELSE t."model_attempts" END,
+    "input_tokens" = CASE WHEN v.changes ? 'input_tokens' THEN p."input_tokens" ELSE t."input_tokens" END,
+    "output_tokens" = CASE WHEN v.changes ? 'output_tokens' THEN p."output_tokens" ELSE t."output_tokens" END,
+    "cache_creation_input_tokens" = CASE WHEN v.changes ? 'cache_creation_input_tokens' THEN p."cache_creation_input_tokens" ELSE t."cache_creation_input_tokens" END,
+    "cache_read_input_tokens" = CASE WHEN v.changes ? 'cache_read_input_tokens' THEN p."cache_read_input_tokens" ELSE t."cache_read_input_tokens" END,
+    "finished_at" = CASE WHEN v.changes ? 'finished_at' THEN p."finished_at" ELSE t."finished_at" END
+  FROM jsonb_to_recordset(%(turns_changed)s::jsonb) AS v("id" bigint, "expected" text, "changes" jsonb),
+       LATERAL jsonb_populate_record(NULL::"agentrun_turn", v.changes) AS p
+  WHERE t."id" = v."id" AND (v."expected" IS NULL OR t."state" = v."expected")
+  RETURNING t."id"
+),
+turns_added AS (
+  INSERT INTO "agentrun_turn" (
+    "run_id", "index", "state", "is_final", "content", "message_id", "request_id", "model",
+    "stop_reason", "model_attempts", "input_tokens", "output_tokens",
+    "cache_creation_input_tokens", "cache_read_input_tokens", "started_at", "finished_at"
+  )
+  SELECT p."run_id", p."index", p."state", p."is_final", p."content", p."message_id",
+         p."request_id", p."model", p."stop_reason", p."model_attempts", p."input_tokens",
+         p."output_tokens", p."cache_creation_input_tokens", p."cache_read_input_tokens",
+         p."started_at", p."finished_at"
+  FROM jsonb_array_elements(%(turns_added)s::jsonb) AS v(row),
+       LATERAL jsonb_populate_record(NULL::"agentrun_turn", v.row) AS p
+  RETURNING "id", "index"
+),
+calls_changed AS (
+  UPDATE "agentrun_toolcall" AS c SET
+    "state" = CASE WHEN v.changes ? 'state' THEN p."state" ELSE c."state" END,
+    "attempt" = CASE WHEN v.changes ? 'attempt' THEN p."attempt" ELSE c."attempt" END,
+    "started_at" = CASE WHEN v.changes ? 'started_at' THEN p."started_at" ELSE c."started_at" END,
+    "heartbeat_at" = CASE WHEN v.changes ? 'heartbeat_at' THEN p."heartbeat_at" ELSE c."heartbeat_at" END,
+    "finished_at" = CASE WHEN v.changes ? 'finished_at' THEN p."finished_at" ELSE c."finished_at" END,
+    "result" = CASE WHEN v.changes ? 'result' THEN p."result" ELSE c."result" END,
+    "result_format" = CASE WHEN v.changes ? 'result_format' THEN p."result_format" ELSE c."result_format" END,
+    "is_error" = CASE WHEN v.changes ? 'is_error' THEN p."is_error" ELSE c."is_error" END,
+    "result_source" = CASE WHEN v.changes ? 'result_source' THEN p."result_source" ELSE c."result_source" END,
+    "unknown_reason" = CASE WHEN v.changes ? 'unknown_reason' THEN p."unknown_reason" ELSE c."unknown_reason" END,
+    "approved" = CASE WHEN v.changes ? 'approved' THEN p."approved" ELSE c."approved" END,
+    "approval_payload" = CASE WHEN v.changes ? 'approval_payload' THEN p."approval_payload" ELSE c."approval_payload" END,
+    "approval_deadline" = CASE WHEN v.changes ? 'approval_deadline' THEN p."approval_deadline" ELSE c."approval_deadline" END,
+    "decided_by_id" = CASE WHEN v.changes ? 'decided_by_id' THEN p."decided_by_id" ELSE c."decided_by_id" END,
+    "decided_at" = CASE WHEN v.changes ? 'decided_at' THEN p."decided_at" ELSE c."decided_at" END,
+    "decision_note" = CASE WHEN v.changes ? 'decision_note' THEN p."decision_note" ELSE c."decision_note" END,
+    "arguments" = CASE WHEN v.changes ? 'arguments' THEN p."arguments" ELSE c."arguments" END,
+    "arguments_hash" = CASE WHEN v.changes ? 'arguments_hash' THEN p."arguments_hash" ELSE c."arguments_hash" END,
+    "original_arguments" = CASE WHEN v.changes ? 'original_arguments' THEN p."original_arguments" ELSE c."original_arguments" END
+  FROM jsonb_to_recordset(%(calls_changed)s::jsonb) AS v("id" bigint, "expected" text, "changes" jsonb),
+       LATERAL jsonb_populate_record(NULL::"agentrun_toolcall", v.changes) AS p
+  WHERE c."id" = v."id" AND (v."expected" IS NULL OR c."state" = v."expected")
+  RETURNING c."id"
+),
+calls_added AS (
+  INSERT INTO "agentrun_toolcall" (
+    "run_id", "turn_id", "turn_index", "tool_call_id", "position", "name", "arguments",
+    "arguments_hash", "side_effect", "idempotency_key", "state", "attempt", "started_at",
+    "heartbeat_at", "finished_at", "result", "result_format", "is_error", "result_source",
+    "unknown_reason", "approved", "approval_payload", "approval_deadline", "decided_by_id",
+    "decided_at", "decision_note", "original_arguments", "created_at"
+  )
+  SELECT p."run_id",
+         -- A call of a turn added by this same statement takes that turn's new id.
+         COALESCE(p."turn_id", (SELECT a."id" FROM turns_added a WHERE a."index" = p."turn_index")),
+         p."turn_index", p."tool_call_id", p."position", p."name", p."arguments",
+         p."arguments_hash", p."side_effect", p."idempotency_key", p."state", p."attempt",
+         p."started_at", p."heartbeat_at", p."finished_at", p."result", p."result_format",
+         p."is_error", p."result_source", p."unknown_reason", p."approved",
+         p."approval_payload", p."approval_deadline", p."decided_by_id", p."decided_at",
+         p."decision_note", p."original_arguments", p."created_at"
+  FROM jsonb_array_elements(%(calls_added)s::jsonb) AS v(row),
+       LATERAL jsonb_populate_record(NULL::"agentrun_toolcall", v.row) AS p
+  RETURNING "id", "turn_index", "position"
+),
+r AS (
+  UPDATE "agentrun_run" AS r SET
+    "state" = CASE WHEN s.changes ? 'state' THEN p."state" ELSE r."state" END,
+    "lease_owner" = CASE WHEN s.changes ? 'lease_owner' THEN p."lease_owner" ELSE r."lease_owner" END,
+    "lease_expires_at" = CASE %(lease)s
+        WHEN 'now' THEN statement_timestamp()
+        WHEN 'renew' THEN statement_timestamp() + %(lease_seconds)s * interval '1 second'
+        ELSE r."lease_expires_at" END,
+    "recovery_attempts" = CASE WHEN s.changes ? 'recovery_attempts' THEN p."recovery_attempts" ELSE r."recovery_attempts" END,
+    "output" = CASE WHEN s.changes ? 'output' THEN p."output" ELSE r."output" END,
+    "stop_reason" = CASE WHEN s.changes ? 'stop_reason' THEN p."stop_reason" ELSE r."stop_reason" END,
+    "error_code" = CASE WHEN s.changes ? 'error_code' THEN p."error_code" ELSE r."error_code" END,
+    "error_message" = CASE WHEN s.changes ? 'error_message' THEN p."error_message" ELSE r."error_message" END,
+    "failure_phase" = CASE WHEN s.changes ? 'failure_phase' THEN p."failure_phase" ELSE r."failure_phase" END,
+    "last_checkpoint" = CASE WHEN s.changes ? 'last_checkpoint' THEN p."last_checkpoint" ELSE r."last_checkpoint" END,
+    "cancel_requested_at" = CASE WHEN s.changes ? 'cancel_requested_at' THEN p."cancel_requested_at" ELSE r."cancel_requested_at" END,
+    "cancel_reason" = CASE WHEN s.changes ? 'cancel_reason' THEN p."cancel_reason" ELSE r."cancel_reason" END,
+    "cancel_requested_by_id" = CASE WHEN s.changes ? 'cancel_requested_by_id' THEN p."cancel_requested_by_id" ELSE r."cancel_requested_by_id" END,
+    "deadline" = CASE WHEN s.changes ? 'deadline' THEN p."deadline" ELSE r."deadline" END,
+    "queued_at" = CASE WHEN s.changes ? 'queued_at' THEN p."queued_at" ELSE r."queued_at" END,
+    "started_at" = CASE WHEN s.changes ? 'started_at' THEN p."started_at" ELSE r."started_at" END,
+    "finished_at" = CASE WHEN s.changes ? 'finished_at' THEN p."finished_at" ELSE r."finished_at" END,
+    "input_tokens" = r."input_tokens" + %(input_tokens)s,
+    "output_tokens" = r."output_tokens" + %(output_tokens)s,
+    "cache_creation_input_tokens" = r."cache_creation_input_tokens" + %(cache_creation_input_tokens)s,
+    "cache_read_input_tokens" = r."cache_read_input_tokens" + %(cache_read_input_tokens)s,
+    "cost_usd" = r."cost_usd" + %(cost_usd)s,
+    "turn_count" = r."turn_count" + %(turn_count)s,
+    "last_seq" = r."last_seq" + %(event_count)s,
+    "updated_at" = statement_timestamp()
+  FROM (SELECT %(run_changes)s::jsonb AS changes) AS s,
+       LATERAL jsonb_populate_record(NULL::"agentrun_run", s.changes) AS p
+  WHERE r."id" = %(run_id)s
+    AND (%(expected_state)s::text IS NULL OR r."state" = %(expected_state)s::text)
+    AND (%(epoch)s::bigint IS NULL
+         OR (r."lease_epoch" = %(epoch)s::bigint AND r."lease_owner" = %(owner)s::text))
+    AND (SELECT count(*) FROM turns_changed) = %(turns_changed_count)s
+    AND (SELECT count(*) FROM calls_changed) = %(calls_changed_count)s
+  RETURNING r."last_seq", r."cancel_requested_at", r."lease_expires_at"
+),
+events AS (
+  INSERT INTO "agentrun_runevent" ("run_id", "seq", "type", "payload", "created_at")
+  SELECT %(run_id)s,
+         COALESCE((SELECT r."last_seq" FROM r) - %(event_count)s + v.i, 1),
+         v.e ->> 'type', v.e -> 'payload', statement_timestamp()
+  FROM jsonb_array_elements(%(events)s::jsonb) WITH ORDINALITY AS v(e, i)
+)
+SELECT r."last_seq", r."cancel_requested_at", r."lease_expires_at",
+       (SELECT COALESCE(jsonb_agg(jsonb_build_array(a."index", a."id")), '[]') FROM turns_added a),
+       (SELECT COALESCE(jsonb_agg(jsonb_build_array(a."turn_index", a."position", a."id")), '[]')
+          FROM calls_added a)
+FROM r

@@ -1,10 +1,6 @@
-"""The named statements of queries.sql, loaded once.
+"""The named statements of queries.sql, loaded once: `sql("claim_released")`.
 
-    sql("claim_released", expires=..., run_columns=...)
-
-A statement's `{slots}` take identifiers, column lists and placeholder lists built from
-the models, never values (those are always %s parameters).
-"""
+Each is complete: values are named parameters (`%(name)s`), nothing is spliced in."""
 
 from __future__ import annotations
 
@@ -21,10 +17,9 @@ def _load(text: str) -> dict[str, str]:
         found = _NAME.match(line)
         if found:
             current = queries.setdefault(found.group(1), [])
-        elif current is not None and not line.startswith("--"):
+        elif current is not None and not line.lstrip().startswith("--"):
             current.append(line)
-    # A fragment keeps its leading space (" AND ..."): only line ends are trimmed.
-    return {name: "\n".join(lines).strip("\n").rstrip() for name, lines in queries.items()}
+    return {name: "\n".join(lines).strip() for name, lines in queries.items()}
 
 
 # Through importlib.resources: read from wherever the package was installed (a wheel, a
@@ -32,7 +27,6 @@ def _load(text: str) -> dict[str, str]:
 QUERIES = _load(files(__package__).joinpath("queries.sql").read_text(encoding="utf-8"))
 
 
-def sql(name: str, **slots: object) -> str:
-    """The statement `name`, its slots filled."""
-    text = QUERIES[name]
-    return text.format(**slots) if slots else text
+def sql(name: str) -> str:
+    """The statement `name`."""
+    return QUERIES[name]

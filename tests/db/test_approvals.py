@@ -41,7 +41,9 @@ def parked_beside_lookup(args=None, name="delete_account", agent="approvals"):
     return run, client, run.tool_calls.get(tool_call_id="toolu_a")
 
 
-def test_approval__parks_with_payload_token_and_deadline(django_capture_on_commit_callbacks):
+def test_approval__parks_with_payload_and_deadline__the_signal_carries_a_token(
+    django_capture_on_commit_callbacks,
+):
     seen = []
     approval_requested.connect(lambda sender, **kw: seen.append(kw), weak=False, dispatch_uid="t1")
     try:
@@ -51,9 +53,10 @@ def test_approval__parks_with_payload_token_and_deadline(django_capture_on_commi
         approval_requested.disconnect(dispatch_uid="t1")
     assert run.state == "awaiting_approval" and call.state == "awaiting_approval"
     assert call.approval_payload["arguments"] == {"user": "bob"}
-    check_approval_token(call, call.approval_payload["token"])  # signed, timestamped
+    assert "token" not in call.approval_payload  # never stored: minted for who decides
     assert call.approval_deadline is not None
     assert len(seen) == 1 and seen[0]["tool_call"].pk == call.pk
+    check_approval_token(call, seen[0]["token"])  # the signal's receivers get one
     assert RunEvent.objects.filter(run=run, type="approval_requested").count() == 1
 
 
@@ -139,7 +142,8 @@ def test_approval__deadline_times_the_run_out():
     assert_projection_matches(run)
 
 
-def test_deadline__run_times_out_at_the_next_step_keeping_partial_outputs():
+def test_deadline__run_times_out_at_the_next_step_keeping_partial_outputs(settings):
+    settings.AGENTRUN_TURNS_PER_TASK = 1  # a task per turn: the deadline passes in between
     client = ScriptedClient([reply(tool_use("lookup", {"query": "a"})), reply(text("never sent"))])
     run = start_run("test-agent", "go", deadline=timedelta(hours=1))
     assert advance(run.pk, client=client) == Outcome.CONTINUED  # turn 0 with its tool result

@@ -349,7 +349,7 @@ def test_stop_reason__pause_turn_continues_with_the_paused_content():
     run, client, outcomes = run_with(
         [reply(*paused, stop_reason="pause_turn"), reply(text("Found it."))]
     )
-    assert outcomes == [Outcome.CONTINUED, Outcome.FINISHED]
+    assert outcomes == [Outcome.FINISHED]  # one task goes on with the next turn itself
     assert run.state == "completed" and run.stop_reason == "end_turn"
     assert run.turns.count() == 2
     second = client.requests[1].messages
@@ -388,7 +388,18 @@ def test_stop_reason__context_window_exceeded_with_a_tool_use_fails_and_runs_not
     assert_projection_matches(run)
 
 
-def test_stop_reason__tool_use_then_end_turn_over_three_turns():
+@pytest.mark.parametrize(
+    ("turns_per_task", "expected"),
+    [
+        (10, [Outcome.FINISHED]),
+        (2, [Outcome.CONTINUED, Outcome.FINISHED]),
+        (1, [Outcome.CONTINUED, Outcome.CONTINUED, Outcome.FINISHED]),
+    ],
+)
+def test_stop_reason__tool_use_then_end_turn_over_three_turns(settings, turns_per_task, expected):
+    """One task goes on with the run's next turn itself, up to AGENTRUN_TURNS_PER_TASK
+    turns; then it hands the run back to the queue."""
+    settings.AGENTRUN_TURNS_PER_TASK = turns_per_task
     run, client, outcomes = run_with(
         [
             reply(tool_use("lookup", {"query": "a"})),
@@ -396,7 +407,7 @@ def test_stop_reason__tool_use_then_end_turn_over_three_turns():
             reply(text("done")),
         ]
     )
-    assert outcomes == [Outcome.CONTINUED, Outcome.CONTINUED, Outcome.FINISHED]
+    assert outcomes == expected
     assert run.state == "completed" and run.turn_count == 3
     assert client.steps() == {0: 1, 1: 1, 2: 1}
     assert_requests_valid(client)

@@ -61,9 +61,9 @@ def test_recovery__capped_by_the_reaper(monkeypatch, settings, test_log):
 
 
 def test_recovery__the_reapers_step_starts_no_further_call(monkeypatch, test_log):
-    """recover_in_flight reconciles the dead call but leaves the next one requested
+    """settle_in_flight reconciles the dead call but leaves the next one requested
     (it may not go in_flight early: that step runs no handler)."""
-    from django_agentrun.engine import recover_in_flight
+    from django_agentrun.engine import settle_in_flight
 
     monkeypatch.setenv("AGENTRUN_FAILPOINTS", "tool.after_handler@send_message=raise")
     client = ScriptedClient(
@@ -80,7 +80,7 @@ def test_recovery__the_reapers_step_starts_no_further_call(monkeypatch, test_log
         advance(run.pk, client=client)
     monkeypatch.delenv("AGENTRUN_FAILPOINTS")
     expire(run)
-    recover_in_flight(run.pk)
+    settle_in_flight(run.pk)
     send, look = run.tool_calls.order_by("position")
     assert (send.state, send.result_source) == ("succeeded", "reconciled")
     assert (look.state, look.attempt) == ("requested", 0)

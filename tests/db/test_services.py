@@ -8,7 +8,6 @@ import re
 import pytest
 from django.contrib.auth import get_user_model
 from django.db import IntegrityError, connection, connections, transaction
-from django.test.utils import CaptureQueriesContext
 
 from django_agentrun import approve_tool_call, cancel_run, reject_tool_call, resume_run, start_run
 from django_agentrun.engine import Outcome, advance
@@ -356,8 +355,9 @@ def test_append_only__new_events_still_append(events_run):
     from django_agentrun import store
 
     before = _event_rows()
-    with store.unit() as work:
-        work.write_run(events_run, [("note", {"text": "appended"})])
+    write = store.Write(events_run)
+    write.record(("note", {"text": "appended"}))
+    store.send(write)
     after = _event_rows()
     assert after[: len(before)] == before
     assert [row[1:3] for row in after[len(before) :]] == [(4, "note")]
@@ -399,25 +399,29 @@ _WRITE_SQL = re.compile(
 )
 
 
-class CommitCounter:
-    """Counts durable commits: outermost atomic blocks committed (connection.commit) plus
-    writes executed in autocommit mode (each its own implicit commit)."""
+class Counter:
+    """Counts, from the moment it is installed: queries (BEGIN/COMMIT included, as round
+    trips), statements (without them), and durable commits: outermost atomic blocks
+    committed (connection.commit) plus writes executed in autocommit mode (each its own
+    implicit commit)."""
 
     def __init__(self, monkeypatch, alias="default"):
         self.conn = connections[alias]
-        self.commits = 0
-        self.autocommit_writes = 0
+        self.queries = self.statements = self.commits = self.autocommit_writes = 0
         original = self.conn.commit
 
         def commit():
             self.commits += 1
+            self.queries += 1
             return original()
 
         monkeypatch.setattr(self.conn, "commit", commit)
 
     def __call__(self, execute, sql, params, many, context):
         result = execute(sql, params, many, context)
-        # Afterwards: a write unit may begin its transaction just before the statement.
+        self.queries += 1
+        if not _TX_SQL.match(sql):
+            self.statements += 1
         if _WRITE_SQL.match(sql) and not self.conn.in_atomic_block:
             self.autocommit_writes += 1
         return result
@@ -426,64 +430,71 @@ class CommitCounter:
     def total(self):
         return self.commits + self.autocommit_writes
 
-
-def _measure(monkeypatch, run, client):
-    counter = CommitCounter(monkeypatch)
-    conn = connections["default"]
-    with CaptureQueriesContext(conn) as ctx, conn.execute_wrapper(counter):
-        outcome = advance(run.pk, client=client)
-    statements = [q["sql"] for q in ctx.captured_queries if not _TX_SQL.match(q["sql"])]
-    return outcome, len(ctx), len(statements), counter
+    def snapshot(self):
+        return (self.queries, self.statements, self.total, self.autocommit_writes)
 
 
 def _lookups(k, prefix):
     return [tool_use("lookup", {"query": f"{prefix}{i}"}) for i in range(k)]
 
 
-# Measured on SQLite (Django 5.2): queries incl. BEGIN/COMMIT, statements without them, commits.
-# A turn after a first one (the first turn adds run_started: +2 statements in the claim commit).
+def _turn(k, prefix):
+    """A turn with k tool calls; with none, a `pause_turn` answer (the run goes on)."""
+    if k == 0:
+        return reply(text(f"{prefix} thinking"), stop_reason="pause_turn")
+    return reply(text(prefix), *_lookups(k, prefix))
+
+
+def _per_turn(monkeypatch, replies):
+    """Advance a run through `replies` in one task; what the claim cost, then each turn,
+    taken between the model's requests (turn t: its answer's commit, then its results')."""
+    run = start_run("test-agent", "hello")
+    counter = Counter(monkeypatch)
+    marks = [counter.snapshot()]
+
+    def script(request):
+        marks.append(counter.snapshot())
+        return replies[len(marks) - 2]
+
+    with connections["default"].execute_wrapper(counter):
+        outcome = advance(run.pk, client=ScriptedClient(script))
+    marks.append(counter.snapshot())
+    costs = [
+        tuple(b - a for a, b in zip(x, y, strict=True))
+        for x, y in zip(marks, marks[1:], strict=False)
+    ]
+    return run, outcome, costs
+
+
+# Measured on SQLite (Django 5.2), a turn in the middle of a task: queries incl.
+# BEGIN/COMMIT, statements without them. On Postgres every commit is one statement.
 BUDGET = {
-    0: {"queries": 14, "statements": 10, "commits": 2},
-    1: {"queries": 26, "statements": 18, "commits": 4},
-    4: {"queries": 56, "statements": 36, "commits": 7},
+    0: {"queries": 9, "statements": 7},
+    1: {"queries": 18, "statements": 14},
+    4: {"queries": 45, "statements": 35},
 }
 
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("k", [0, 1, 4])
 def test_turn_budget__queries_and_commits(k, monkeypatch, no_broker, figures):
-    measured_turn = (
-        [reply(text("answer"))]
-        if k == 0
-        else [reply(text("more"), *_lookups(k, "b")), reply(text("answer"))]
-    )
-    client = ScriptedClient([reply(text("first"), *_lookups(1, "a")), *measured_turn])
-    run = start_run("test-agent", "hello")
-    assert advance(run.pk, client=client) == Outcome.CONTINUED  # warm-up turn 0
-
-    outcome, queries, statements, counter = _measure(monkeypatch, run, client)
+    replies = [_turn(1, "a"), _turn(k, "b"), _turn(k, "c"), reply(text("answer"))]
+    run, outcome, (_claim, _first, *turns) = _per_turn(monkeypatch, replies)
+    queries, statements, commits, lone = turns[0]  # turn 1: a turn in the middle
     figures(
         f"[budget] turn with {k} tool calls: {queries} queries ({statements} statements), "
-        f"{counter.commits} commits + {counter.autocommit_writes} autocommit writes"
+        f"{commits} commits ({lone} of them single statements in autocommit)"
     )
-    assert outcome == (Outcome.FINISHED if k == 0 else Outcome.CONTINUED)
-    assert queries <= BUDGET[k]["queries"]
-    assert statements <= BUDGET[k]["statements"]
-    # Commits per turn: at most 2 + 2k (claim+turn_started, response; in_flight+result per call).
-    assert counter.total <= 2 + 2 * k
-    assert counter.total == BUDGET[k]["commits"]
-    # On Postgres every durable write but the claim's is one statement sent alone
-    # (store.unit): the response, the first call's in_flight, then each call's
-    # result (with the next call's in_flight).
-    lone = (k + 2 if k else 1) if connection.vendor == "postgresql" else 0
-    assert counter.autocommit_writes == lone
+    assert outcome == Outcome.FINISHED
+    assert turns[1] == turns[0]  # the next one costs the same: nothing re-read per turn
+    # k + 1 durable commits: the answer with the first call in flight, then each result
+    # with what follows it (the next call in flight, or the turn closed and the next begun).
+    assert commits == k + 1
     if connection.vendor == "postgresql":
-        # Round trips: BEGIN, claim + history (one query), claim write, COMMIT; then the lone
-        # writes. With server-side binding, and on psycopg2, the claim and its two reads go
-        # one at a time.
-        binding = connection.settings_dict.get("OPTIONS", {}).get("server_side_binding")
-        one_at_a_time = binding or connection.Database.__name__ == "psycopg2"
-        assert queries == 4 + lone + (2 if one_at_a_time else 0)
+        assert queries == statements == lone == k + 1
+    else:
+        assert queries <= BUDGET[k]["queries"]
+        assert statements <= BUDGET[k]["statements"]
     run.refresh_from_db()
     assert run.tool_calls.filter(turn_index=1).count() == k
     assert all(c.state == "succeeded" for c in run.tool_calls.all())
@@ -492,28 +503,23 @@ def test_turn_budget__queries_and_commits(k, monkeypatch, no_broker, figures):
 
 @pytest.mark.django_db(transaction=True)
 def test_turn_budget__marginal_cost_per_tool_call_is_constant(monkeypatch, no_broker):
-    """Each extra tool call costs the same few statements (no re-reading per call)."""
+    """Each extra tool call costs the same (one commit: its result with what follows)."""
     per_k = {}
     for k in (1, 2, 4):
-        client = ScriptedClient([reply(text("go"), *_lookups(k, f"k{k}-")), reply(text("done"))])
-        run = start_run("test-agent", f"hello {k}")
-        _, _, statements, counter = _measure(monkeypatch, run, client)
-        per_k[k] = (statements, counter.total)
-    marginal = per_k[2][0] - per_k[1][0]
-    assert per_k[4][0] - per_k[2][0] == 2 * marginal
-    assert marginal <= 6  # in_flight: UPDATE call, UPDATE run, INSERT event; result: same
-    # A call's result and the next call's in_flight share a commit: k + 3 in all.
-    assert [per_k[k][1] for k in (1, 2, 4)] == [4, 5, 7]
+        _, _, costs = _per_turn(monkeypatch, [_turn(k, f"k{k}-"), reply(text("done"))])
+        per_k[k] = costs[1]  # the first turn (after the claim)
+    marginal = per_k[2][1] - per_k[1][1]
+    assert per_k[4][1] - per_k[2][1] == 2 * marginal
+    assert marginal <= (1 if connection.vendor == "postgresql" else 6)
+    assert [per_k[k][2] for k in (1, 2, 4)] == [2, 3, 5]
 
 
 @pytest.mark.django_db(transaction=True)
 def test_turn_budget__first_turn(monkeypatch, no_broker):
-    client = ScriptedClient([reply(text("only answer"))])
-    run = start_run("test-agent", "hello")
-    outcome, queries, statements, counter = _measure(monkeypatch, run, client)
+    run, outcome, (claim, answer) = _per_turn(monkeypatch, [reply(text("only answer"))])
     assert outcome == Outcome.FINISHED
-    assert statements <= 12  # the second turn's 10, plus run_started (UPDATE run, INSERT event)
-    assert counter.total == 2
+    # The claim (with run_started) is one commit, the answer that completes the run another.
+    assert (claim[2], answer[2]) == (1, 1)
     assert_projection_matches(run)
 
 
@@ -521,11 +527,12 @@ def test_turn_budget__first_turn(monkeypatch, no_broker):
 
 
 @pytest.mark.django_db
-def test_claim_and_load__rows_equal_what_the_orm_loads():
+def test_claim_and_load__rows_equal_what_the_orm_loads(settings):
     """The claim's own row builder (one round trip, no queryset) gives the same values as
     the ORM, timestamps aware and equal included."""
     from django_agentrun import store
 
+    settings.AGENTRUN_TURNS_PER_TASK = 1  # the first task hands the run back after a turn
     client = ScriptedClient(
         [reply(text("a"), tool_use("lookup", {"query": "x"})), reply(text("done"))]
     )

@@ -140,19 +140,15 @@ def test_race__cancel_against_resume(postgres):
 
 
 def test_race__cas_write_same_transition_one_wins(postgres):
-    """_write_run's compare-and-set on the state, without any row lock taken first."""
+    """A write's compare-and-set on the state, without any row lock taken first."""
     run = start_run("test-agent", "hello")
 
     def cancel_by_cas(i):
         mine = Run.objects.get(pk=run.pk)  # both load 'queued'
-        old = transitions.move(mine, RunState.CANCELLED)
+        write = store.Write(mine)
+        transitions.stop_run(write, mine, RunState.CANCELLED, f"t{i}", calls=[])
         time.sleep(0.05)
-        with store.unit(atomic=True) as work:
-            work.write_run(
-                mine,
-                [("run_cancelled", {"run_state": mine.state, "reason": f"t{i}"})],
-                old_state=old,
-            )
+        store.send(write)
         return i
 
     results, errors = race(2, cancel_by_cas)
@@ -162,6 +158,7 @@ def test_race__cas_write_same_transition_one_wins(postgres):
     assert "expected state 'queued', found 'cancelled'" in str(lost)
     assert list(run.events.values_list("type", flat=True)) == ["run_created", "run_cancelled"]
     assert_gap_free(run)
+    assert_projection_matches(run)
 
 
 # --------------------------------------------------------------------------- claims
@@ -200,8 +197,8 @@ def test_race__two_advance_one_model_call(postgres):
     run = start_run("test-agent", "hello")
     results, errors = race(2, lambda i: advance(run.pk, client=client, owner=f"worker-{i}"))
     assert errors == [None, None], errors
-    assert sorted(results) == sorted([Outcome.CONTINUED, Outcome.NOT_CLAIMED])
-    assert client.steps() == {0: 1}
+    assert sorted(results) == sorted([Outcome.FINISHED, Outcome.NOT_CLAIMED])
+    assert client.steps() == {0: 1, 1: 1}
     assert ToolCall.objects.filter(run=run).count() == 1
     assert_gap_free(run)
     assert_projection_matches(run)
@@ -241,9 +238,10 @@ def test_many_writers__write_run_batches_keep_seq_gap_free(postgres):
     def append(i):
         mine = Run.objects.get(pk=run.pk)
         for r in range(rounds):
-            batch = [("note", {"thread": i, "round": r, "k": k}) for k in range(1 + (i + r) % 3)]
-            with store.unit(atomic=True) as work:
-                work.write_run(mine, batch)
+            write = store.Write(mine)
+            for k in range(1 + (i + r) % 3):
+                write.record(("note", {"thread": i, "round": r, "k": k}))
+            store.send(write)
         return i
 
     results, errors = race(per_thread, append)
@@ -287,19 +285,16 @@ def test_zombie__superseded_lease_writes_nothing(postgres):
     before = (run.last_seq, seqs(run), run.state, run.updated_at)
 
     mine = Run.objects.get(pk=run.pk)
-    with (
-        pytest.raises(LeaseLost, match=f"epoch {old.epoch} was superseded"),
-        store.unit(atomic=True) as work,
-    ):
-        work.write_run(
-            mine, lease=old, events=[("note", {"by": "zombie"})], fields={"stop_reason": "zombie"}
-        )
+    write = store.Write(mine, old)
+    write.record(("note", {"by": "zombie"}))
+    write.set_run(stop_reason="zombie")
+    with pytest.raises(LeaseLost, match=f"epoch {old.epoch} was superseded"):
+        store.send(write)
     mine = Run.objects.get(pk=run.pk)
-    old_state = transitions.move(mine, RunState.RUNNING)
-    with pytest.raises(LeaseLost), store.unit(atomic=True) as work:
-        work.write_run(
-            mine, lease=old, events=[("run_started", {"run_state": "running"})], old_state=old_state
-        )
+    write = store.Write(mine, old)
+    transitions.begin_run(write, mine, "zombie")
+    with pytest.raises(LeaseLost):
+        store.send(write)
     # Renewing and releasing with the old lease do nothing either.
     assert store.renew_lease(old) == (False, False)
     store.release_lease(old)
@@ -308,8 +303,9 @@ def test_zombie__superseded_lease_writes_nothing(postgres):
     assert run.lease_owner == "thief" and run.lease_epoch == new.epoch
     assert run.stop_reason == ""
     # The new holder can write.
-    with store.unit(atomic=True) as work:
-        work.write_run(Run.objects.get(pk=run.pk), lease=new, events=[("note", {"by": "thief"})])
+    write = store.Write(Run.objects.get(pk=run.pk), new)
+    write.record(("note", {"by": "thief"}))
+    store.send(write)
     assert_gap_free(run)
 
 

@@ -138,12 +138,12 @@ def test_two_reapers__second_reaper_in_the_commit_window_acts_once(
 ):
     """Deterministic interleaving: reaper 2 runs in full while reaper 1 has committed its
     lease_expired batch and is about to start the first recovery."""
-    from django_agentrun import recovery
+    from django_agentrun import reaper as recovery
 
     script = [reply(tool_use("lookup", {"query": "q"})), reply(text("ok"))]
     runs = [crashed_at(monkeypatch, "tool.before_handler", script) for _ in range(3)]
     no_broker.clear()
-    original = recovery.recover_in_flight
+    original = recovery.settle_in_flight
     second: list[object] = []
 
     def first_recovery_runs_a_second_reaper(run_id, *args, **kwargs):
@@ -154,7 +154,7 @@ def test_two_reapers__second_reaper_in_the_commit_window_acts_once(
             holder.join(30)
         return original(run_id, *args, **kwargs)
 
-    monkeypatch.setattr(recovery, "recover_in_flight", first_recovery_runs_a_second_reaper)
+    monkeypatch.setattr(recovery, "settle_in_flight", first_recovery_runs_a_second_reaper)
     reap()
     assert len(second) == 2  # the second reaper ran
     for run in runs:

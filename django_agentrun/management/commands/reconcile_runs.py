@@ -9,7 +9,7 @@ import uuid
 from django.core.management.base import BaseCommand, CommandError
 
 from django_agentrun.conf import agentrun_settings
-from django_agentrun.recovery import reap
+from django_agentrun.reaper import reap
 
 
 def _seconds(value: str) -> float:

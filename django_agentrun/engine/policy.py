@@ -1,5 +1,6 @@
 """The recovery policy: what to do with a call found `in_flight` (its executor died before
-its result was recorded), by the tool's side-effect class.
+its result was recorded), by the tool's side-effect class. A pure decision (the tool's
+reconcile check runs here); execution.py applies it.
 
 | class | decision |
 | --- | --- |
