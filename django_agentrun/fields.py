@@ -93,6 +93,35 @@ def check_text(value: str | None, what: str) -> None:
         raise InvalidInput(f"{what} must not contain NUL characters or lone surrogates.")
 
 
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def unsendable(value: Any, path: str = "") -> str | None:
+    """Where `value` holds an unpaired surrogate, which UTF-8 (so no request to the model)
+    can carry; None when it holds none."""
+    if isinstance(value, str):
+        return path or "the value" if _LONE_SURROGATE.search(value) else None
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list | tuple):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        found = unsendable(item, f"{path}[{key!r}]" if isinstance(key, str) else f"{path}[{key}]")
+        if found:
+            return found
+    return None
+
+
+def sendable(value: Any) -> Any:
+    """`value` with each unpaired surrogate replaced by U+FFFD, as a UTF-8 decoder shows an
+    undecodable byte: what is stored stays faithful, what the model reads can be sent."""
+    if isinstance(value, str):
+        return _LONE_SURROGATE.sub("\ufffd", value) if not value.isascii() else value
+    return _walk(value, lambda text: _LONE_SURROGATE.sub("\ufffd", text))
+
+
 def storable_text(value: str) -> str:
     """`value` with what a text column cannot store replaced by U+FFFD."""
     return _UNSTORABLE.sub("\ufffd", value) if value else value

@@ -14,6 +14,7 @@ import pydantic
 from django.db import models
 
 from ..exceptions import InvalidContent
+from ..fields import sendable
 from ..media import IMAGE_TYPES, image_type
 from ..tools import canonical_json
 from .blocks import has_cache_control, validate_blocks
@@ -140,10 +141,12 @@ def _default(value: Any) -> Any:
 def render_result(value: Any, result_format: str | None = None) -> str | list[dict[str, Any]]:
     """A stored result as tool_result content. Results stored before formats existed
     (no format) render as JSON, so a legacy list of dicts becomes JSON text."""
+    # Unpaired surrogates (undecodable bytes a tool returned) are kept in storage but cannot
+    # travel as UTF-8: the model reads U+FFFD for them (fields.sendable).
     if result_format == ResultFormat.CONTENT and isinstance(value, list) and value:
-        return value
+        return sendable(value)
     if value is None:
         return ""
     if isinstance(value, str):
-        return value
-    return canonical_json(value)
+        return sendable(value)
+    return sendable(canonical_json(value))

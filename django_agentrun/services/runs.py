@@ -16,7 +16,7 @@ from ..agents import Agent, get_agent
 from ..content import BLOCK_TYPES, has_cache_control, validate_blocks
 from ..events import payloads
 from ..exceptions import IdempotencyConflict, InvalidInput, RunNotActive, UnknownAgent
-from ..fields import check_json, check_text
+from ..fields import check_json, check_text, unsendable
 from ..models import Run, RunEvent
 from ..states import RunState
 from ..store import database_now
@@ -30,7 +30,14 @@ INPUT_BREAKPOINTS = 2
 
 def validate_input(value: Any) -> Any:
     """A run's input as it is stored: a non-empty string, or content blocks the Messages
-    API accepts in a user message (InvalidInput naming the block otherwise)."""
+    API accepts in a user message, that can be sent as UTF-8 (InvalidInput naming the
+    block otherwise)."""
+    where = unsendable(value, "input")
+    if where is not None:
+        raise InvalidInput(
+            f"{where} holds an unpaired surrogate character (\\ud800-\\udfff), which cannot "
+            "be sent to the model: give text as valid Unicode."
+        )
     if isinstance(value, str):
         if not value.strip():
             raise InvalidInput("The input must not be empty.")

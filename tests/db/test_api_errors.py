@@ -177,6 +177,21 @@ def test_unusable_json__400_parse_error_and_nothing_created(web, parked, body):
     assert Run.objects.count() == 1 and RunEvent.objects.count() == events
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        '{"agent": "test-agent", "input": "caf\\udce9"}',
+        '{"agent": "test-agent", "input": [{"type": "text", "text": "\\ud800 bytes"}]}',
+    ],
+)
+def test_input_that_cannot_be_sent__400_naming_the_input_and_nothing_created(web, body):
+    """A lone surrogate is valid JSON and storable (the storage rule), but no request to
+    the model can carry it: refused at the door, not failed on every attempt later."""
+    body = assert_api_error(post(web, RUNS, body), 400, "invalid")
+    assert "surrogate" in body["errors"]["input"][0]
+    assert not Run.objects.exists()
+
+
 def test_json_just_within_the_depth_limit__accepted(web):
     nested: object = "leaf"
     for _ in range(MAX_JSON_DEPTH - 2):  # the body and metadata are two levels

@@ -3,6 +3,7 @@ execution records its start and end, with wall-clock times, across processes."""
 
 from __future__ import annotations
 
+import sys
 import time
 
 from django_agentrun import Agent, Reconciliation, SideEffect, ToolContext, tool
@@ -49,10 +50,52 @@ def deliver(ctx: ToolContext, to: str, body: str, seconds: float = 0) -> dict:
     return {"message_id": f"m-{ctx.idempotency_key[:12]}"}
 
 
+@tool(side_effect=SideEffect.ATOMIC)
+def slow_counter(ctx: ToolContext, name: str, seconds: float) -> int:
+    """Count, slowly, in the database only (inside the result's transaction)."""
+    from django.contrib.auth.models import Group
+
+    record("slow_counter", key=ctx.idempotency_key, phase="start", t=time.time())
+    time.sleep(seconds)
+    Group.objects.create(name=f"slow-{name}-{ctx.idempotency_key[:16]}")
+    record("slow_counter", key=ctx.idempotency_key, phase="end", t=time.time())
+    return Group.objects.filter(name__startswith=f"slow-{name}-").count()
+
+
+# The child: after `seconds`, it has its effect (a line in the test log, flushed to disk).
+_CHILD = """
+import json, os, sys, time
+seconds, key, attempt = float(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+time.sleep(seconds)
+line = {"kind": "child_effect", "phase": "effect", "key": key, "attempt": attempt,
+        "pid": os.getpid()}
+with open(os.environ["AGENTRUN_TEST_LOG"], "a") as fh:
+    fh.write(json.dumps(line, sort_keys=True) + "\\n")
+    fh.flush()
+    os.fsync(fh.fileno())
+"""
+
+
+def _child_effect_done(ctx: ToolContext, seconds: float) -> Reconciliation:
+    for row in executions("child_effect"):
+        if row["phase"] == "effect" and row["key"] == ctx.idempotency_key:
+            return Reconciliation.done({"effect_of_attempt": row["attempt"]})
+    return Reconciliation.not_done()
+
+
+@tool(side_effect=SideEffect.NON_IDEMPOTENT, reconcile=_child_effect_done)
+def child_effect(ctx: ToolContext, seconds: float) -> str:
+    """Deliver through a child process, which has its effect after `seconds`."""
+    record("child_effect", key=ctx.idempotency_key, phase="start", attempt=ctx.attempt)
+    args = [sys.executable, "-c", _CHILD, str(seconds), ctx.idempotency_key, str(ctx.attempt)]
+    ctx.run_subprocess(args, timeout=seconds + 30)
+    return "delivered"
+
+
 Agent(
     name="hardening",
     model="claude-sonnet-4-5",
     system="You are a test agent.",
-    tools=[slow_read, stubborn, deliver],
+    tools=[slow_read, stubborn, deliver, slow_counter, child_effect],
     max_turns=10,
 )

@@ -28,11 +28,13 @@ def test_crash_before_the_wakeup_is_published__recovered_within_lease_and_reaper
     messages_api.script = by_step(
         [Reply([tool_use("lookup", {"query": "x"})]), Reply([text("Done.")])]
     )
-    first = workers.start(failpoints="turn.before_enqueue=crash", AGENTRUN_LEASE_SECONDS="3")
+    # A task per turn: the turn's end hands the run to the queue (release, then publish).
+    env = {"AGENTRUN_LEASE_SECONDS": "3", "AGENTRUN_TURNS_PER_TASK": "1"}
+    first = workers.start(failpoints="turn.before_enqueue=crash", **env)
     run = start_run("test-agent", "go")
     assert workers.wait_exit(first, timeout=30) != 0
     crashed = time.monotonic()
-    workers.start(AGENTRUN_LEASE_SECONDS="3")
+    workers.start(**env)
 
     def resumed():
         reap()  # the beat's reaper, every `interval`
