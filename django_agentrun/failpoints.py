@@ -17,13 +17,13 @@ from .exceptions import AgentRunError
 ENV = "AGENTRUN_FAILPOINTS"
 
 POINTS: dict[str, str] = {
-    "claim.after_commit": "the lease is claimed (and the turn started), nothing else done",
+    "claim.after_commit": "the lease is claimed (a queued run started), nothing else done",
     "model.before_commit": "the model response arrived, not yet committed",
-    "model.after_commit": "the assistant message and its tool calls are committed",
+    "model.after_commit": "the answer, its tool calls (the first in flight) are committed",
     "tool.before_handler": "the call is committed in_flight, the handler has not started",
     "tool.after_handler": "the handler returned, its result is not committed",
-    "tool.after_commit": "the tool result is committed",
-    "turn.before_enqueue": "the turn is closed and committed, the next turn not yet enqueued",
+    "tool.after_commit": "the tool result (and what follows it) is committed",
+    "turn.before_enqueue": "the turn is closed and committed, the next not begun nor enqueued",
 }
 
 _parsed: tuple[str, dict[str, str]] = ("", {})
