@@ -17,7 +17,7 @@ from ..conf import agentrun_settings
 from ..events import payloads
 from ..failpoints import failpoint
 from ..models import Turn
-from ..states import ToolCallState
+from ..states import ToolCallState, TurnState
 from . import endings, guards
 from .history import TurnRecord, build_messages, model_failure, sanitize_content
 from .intents import intents
@@ -68,14 +68,21 @@ def request(step: Step, turn: Turn) -> ModelRequest:
 
 
 def _records(step: Step) -> list[TurnRecord]:
-    return [
-        TurnRecord(
-            index=t.index,
-            content=t.content,
-            results=[c.tool_result_block() for c in step.calls_of(t) if c.is_closed],
-        )
-        for t in step.turns
-    ]
+    """What each turn contributes to the request; a closed turn's is made once per task
+    (its results rendered once), so a turn costs the same however long the history."""
+    records = []
+    for t in step.turns:
+        record = step.records.get(t.index)
+        if record is None:
+            record = TurnRecord(
+                index=t.index,
+                content=t.content,
+                results=[c.tool_result_block() for c in step.calls_of(t) if c.is_closed],
+            )
+            if t.state == TurnState.COMPLETED:
+                step.records[t.index] = record
+        records.append(record)
+    return records
 
 
 def call_model(step: Step, req: ModelRequest) -> tuple[ModelResponse, int]:

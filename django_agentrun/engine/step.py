@@ -104,6 +104,7 @@ class Step:
         self.started: set[Any] = set()  # in_flight by this step, handler not yet run
         self.not_started: set[Any] = set()  # in_flight calls whose handler never ran
         self.turns_done = 0  # turns this task closed
+        self.records: dict[int, Any] = {}  # closed turns as the request shows them (model_turn)
         self.began = time.monotonic()
 
     # -- reading -------------------------------------------------------------------------
