@@ -127,6 +127,8 @@ for _name in (
 ):
     if os.environ.get(f"AGENTRUN_{_name}"):
         globals()[f"AGENTRUN_{_name}"] = float(os.environ[f"AGENTRUN_{_name}"])
+if os.environ.get("AGENTRUN_MAX_RECOVERY_ATTEMPTS"):
+    AGENTRUN_MAX_RECOVERY_ATTEMPTS = int(os.environ["AGENTRUN_MAX_RECOVERY_ATTEMPTS"])
 
 LOGGING = {
     "version": 1,
