@@ -39,7 +39,11 @@ def check_approval_token(call: Any, token: str) -> None:
         ) from exc
     except signing.BadSignature as exc:
         raise InvalidToken("The approval token is invalid or expired.") from exc
-    if not isinstance(data, dict) or data.get("tc") != call.pk or data.get("h") != call.arguments_hash:
+    if (
+        not isinstance(data, dict)
+        or data.get("tc") != call.pk
+        or data.get("h") != call.arguments_hash
+    ):
         raise InvalidToken("The approval token does not match this tool call and its arguments.")
     if call.state == ToolCallState.UNKNOWN and data.get("u") != call.attempt:
         raise InvalidToken(
