@@ -40,7 +40,9 @@ def visible_tool_calls(user: Any):
 class CanCancelRun(BasePermission):
     """The run's owner, or a user with `agentrun.cancel_run`."""
 
-    message = f"Only the run's owner or a user with {CANCEL_PERMISSION} may cancel or resume it."
+    message = (
+        f"Only the run's owner or a user with {CANCEL_PERMISSION} may cancel, resume or fork it."
+    )
 
     def has_object_permission(self, request: Request, view: Any, obj: Run) -> bool:
         user = request.user

@@ -12,6 +12,7 @@ from .decisions import (
     replace_tool_result,
     resolve_tool_call,
 )
+from .describe import tool_definition, tool_description
 from .forks import ForkPoint, ForkRefused, fork_points, fork_run
 from .runs import cancel_run, resume_run, start_run, validate_input
 
@@ -30,5 +31,7 @@ __all__ = [
     "resolve_tool_call",
     "resume_run",
     "start_run",
+    "tool_definition",
+    "tool_description",
     "validate_input",
 ]
