@@ -20,6 +20,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.utils.translation import gettext_lazy as _
+from django.utils.translation import ngettext
 
 from .. import services
 from ..exceptions import InvalidToken
@@ -149,8 +150,10 @@ class ToolCallActionsMixin(ServiceActionsMixin):
         context = {
             **self.admin_site.each_context(request),
             "opts": self.model._meta,
-            "title": _("Confirm: %(verb)s %(count)d tool call(s)")
-            % {"verb": decision.verb, "count": len(rows)},
+            "title": ngettext(
+                "%(verb)s %(count)d tool call", "%(verb)s %(count)d tool calls", len(rows)
+            )
+            % {"verb": decision.verb.capitalize(), "count": len(rows)},
             "verb": decision.verb,
             "form": form,
             "rows": rows,

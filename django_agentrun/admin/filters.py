@@ -73,25 +73,28 @@ class DecisionFilter(admin.SimpleListFilter):
             }
 
 
-# Runs that wait for a worker or for a person.
-WAITING = (RunState.QUEUED, RunState.AWAITING_APPROVAL)
+LEASED = (RunState.RUNNING, RunState.AWAITING_TOOL)
+# Runs that wait for a person, or for a worker (queued, or released between steps).
+WAITING = Q(state__in=(RunState.QUEUED, RunState.AWAITING_APPROVAL)) | Q(
+    state__in=LEASED, lease_owner=""
+)
 
 
 def stuck_conditions(now: Any) -> dict[str, tuple[str, Q]]:
     """Each way a run can look stuck: its label and the condition (times by the app's clock)."""
     return {
         "lease_expired": (
-            _("Lease expired"),
-            Q(state__in=[RunState.RUNNING, RunState.AWAITING_TOOL], lease_expires_at__lt=now),
+            _("Lease expired (its worker died?)"),
+            Q(state__in=LEASED, lease_expires_at__lt=now) & ~Q(lease_owner=""),
         ),
         "recovered": (_("Recovered more than once"), Q(recovery_attempts__gt=1)),
         "waiting_1h": (
             _("Waiting over 1 hour"),
-            Q(state__in=WAITING, updated_at__lt=now - timedelta(hours=1)),
+            WAITING & Q(updated_at__lt=now - timedelta(hours=1)),
         ),
         "waiting_1d": (
             _("Waiting over 1 day"),
-            Q(state__in=WAITING, updated_at__lt=now - timedelta(days=1)),
+            WAITING & Q(updated_at__lt=now - timedelta(days=1)),
         ),
     }
 
@@ -100,7 +103,7 @@ class StuckFilter(admin.SimpleListFilter):
     """Runs a person should look at: a dead worker's lease, repeated crash recoveries, a
     long wait for a worker (queued) or a person (awaiting_approval); with counts."""
 
-    title = _("stuck")
+    title = _("stuck runs")
     parameter_name = "stuck"
 
     def lookups(self, request, model_admin):

@@ -81,7 +81,7 @@ class ToolCallAdmin(
                     "original_arguments_display",
                     "arguments_hash",
                     "result_display",
-                    "is_error",
+                    "is_error_display",
                     "result_source",
                     "unknown_reason",
                 )
@@ -164,6 +164,13 @@ class ToolCallAdmin(
         return pretty_json(
             redact_secrets(obj.approval_payload), url=value_url(obj, "approval_payload")
         )
+
+    @admin.display(description=_("is error"))
+    def is_error_display(self, obj: ToolCall) -> str:
+        # No result yet is no error either: not a red ✗ on a call that waits.
+        if obj.result is None and not obj.is_closed:
+            return "—"
+        return "yes" if obj.is_error else "no"
 
     @admin.display(description=_("state"), ordering="state")
     def state_display(self, obj: ToolCall) -> SafeString:
