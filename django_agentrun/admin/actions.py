@@ -26,6 +26,8 @@ from ..permissions import CANCEL_PERMISSION, can_act_on_run
 from ..states import RUN_ACTIVE
 
 MAX_LISTED_ERRORS = 10
+# An integer id past a bigint names nothing (and some databases cannot even compare it).
+MAX_ID = 2**63
 
 
 def cancel_reason(request: HttpRequest) -> str:
@@ -110,7 +112,9 @@ class ServiceActionsMixin:
             pk = self.model._meta.pk  # type: ignore[attr-defined]
             try:
                 for value in request.POST.getlist(admin.helpers.ACTION_CHECKBOX_NAME):
-                    pk.to_python(value)
+                    number = pk.to_python(value)
+                    if isinstance(number, int) and not 0 < number < MAX_ID:
+                        raise ValidationError("out of range")
             except ValidationError:
                 self.message_user(
                     request, _("Invalid selection: nothing was changed."), messages.ERROR

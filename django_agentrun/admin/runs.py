@@ -63,7 +63,6 @@ class RunAdmin(VisibleRunsMixin, ForkViewsMixin, ValueViewMixin, RunActionsMixin
     list_filter = (("state", StateFilter), StuckFilter, "agent")
     search_fields = ("id", "correlation_id", "agent", "owner__username")
     list_select_related = ("owner",)
-    date_hierarchy = "created_at"
     actions = ("cancel_selected", "resume_selected")
     fieldsets = (
         (None, {"fields": ("id", "agent", "state_display", "owner", "correlation_id", "forked")}),

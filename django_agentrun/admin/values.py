@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from django.contrib.admin.utils import unquote
+from django.core.exceptions import ObjectDoesNotExist
 from django.http import Http404, HttpRequest, HttpResponse
 from django.urls import path
 
@@ -40,6 +41,8 @@ class ValueViewMixin:
             raise Http404("No such object.")
         try:
             value = self.value(obj, name)
-        except (KeyError, ValueError, LookupError) as exc:
+        except (LookupError, ValueError, ObjectDoesNotExist) as exc:
             raise Http404("No such value.") from exc
-        return HttpResponse(json_text(value), content_type="text/plain; charset=utf-8")
+        response = HttpResponse(json_text(value), content_type="text/plain; charset=utf-8")
+        response["X-Content-Type-Options"] = "nosniff"  # text, never sniffed as HTML
+        return response
