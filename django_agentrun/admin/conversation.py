@@ -169,14 +169,21 @@ def note_text(kind: str, p: dict[str, Any], names: dict[Any, str]) -> str:
     return cut(texts.get(kind, ""), 400)
 
 
-def conversation(run: Run, *, upto: int | None = None, current: Any = None) -> dict[str, Any]:
-    """The context of `_conversation.html`: the input, the turns (up to turn `upto`) with
-    their calls and notes, and the notes from before the first turn."""
-    turns = list(run.turns.order_by("index"))
-    calls = list(run.tool_calls.order_by("turn_index", "position"))
+def conversation(
+    run: Run, *, upto: int | None = None, current: Any = None, last: int | None = None
+) -> dict[str, Any]:
+    """The context of `_conversation.html`: the input, the turns (up to turn `upto`; the
+    `last` ones only, if given) with their calls and notes, and the notes from before the
+    first turn."""
+    turns = run.turns.order_by("index")
+    calls = run.tool_calls.order_by("turn_index", "position")
     if upto is not None:
-        turns = [t for t in turns if t.index <= upto]
-        calls = [c for c in calls if c.turn_index <= upto]
+        turns, calls = turns.filter(index__lte=upto), calls.filter(turn_index__lte=upto)
+    total = turns.count()
+    if last is not None and total > last:
+        first = total - last
+        turns, calls = turns.filter(index__gte=first), calls.filter(turn_index__gte=first)
+    turns, calls = list(turns), list(calls)
     events = list(
         run.events.filter(type__in=(*NOTABLE, _TURN_MARK))
         .order_by("seq")
@@ -204,6 +211,8 @@ def conversation(run: Run, *, upto: int | None = None, current: Any = None) -> d
     for turn in turns:
         turn.run = run
     return {
+        "turns_total": total,
+        "turns_cut": total > len(turns),
         "input": input_view(run),
         "input_json_url": value_url(run, "input"),
         "before": notes.get(-1, []),

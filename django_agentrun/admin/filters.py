@@ -15,7 +15,8 @@ from ..states import RunState, ToolCallState
 
 
 class StateFilter(admin.ChoicesFieldListFilter):
-    """A state field's values, spelled as the API spells them (`awaiting_approval`)."""
+    """A choices field's values (states, side effects), spelled as the API spells them
+    (`awaiting_approval`, `non_idempotent`), not their labels."""
 
     def choices(self, changelist):
         facets = self.get_facet_queryset(changelist) if changelist.add_facets else None

@@ -52,7 +52,7 @@ class ApproveForm(forms.Form):
 
 
 REASON_HELP = _(
-    "Sent to the model as the tool's result: “A person declined this tool call: <your reason>.”"
+    "Sent to the model as the tool's result: “A person declined this tool call: (your reason).”"
 )
 
 

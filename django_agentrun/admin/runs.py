@@ -37,6 +37,8 @@ from .values import ValueViewMixin
 from .visibility import VisibleRunsMixin
 
 MAX_TIMELINE_EVENTS = 500
+# Turns shown on a run's page (the last ones; `?turns=all` shows every one).
+MAX_CONVERSATION_TURNS = 50
 RUN_VALUES = {
     "input": lambda run: run.input,
     "output": lambda run: run.output,
@@ -298,7 +300,9 @@ class RunAdmin(VisibleRunsMixin, ForkViewsMixin, ValueViewMixin, RunActionsMixin
             else None
         )
         return {
-            "conversation": conversation(run),
+            "conversation": conversation(
+                run, last=None if request.GET.get("turns") == "all" else MAX_CONVERSATION_TURNS
+            ),
             "fork_urls": self.fork_points(request, run),
             "run_badge": state_badge(run),
             "forks": [(fork, change_url(fork), when(fork.created_at)) for fork in forks],

@@ -46,7 +46,7 @@ class ToolCallAdmin(
         "deadline_display",
     )
     list_display_links = ("call_display",)
-    list_filter = (DecisionFilter, ("state", StateFilter), "side_effect", "name")
+    list_filter = (DecisionFilter, ("state", StateFilter), ("side_effect", StateFilter), "name")
     search_fields = ("name", "tool_call_id", "run__id")
     list_select_related = ("run",)
     actions = (

@@ -316,3 +316,16 @@ def test_every_event_of_a_note_is_in_the_conversation(client, olga, monkeypatch)
     page = client.get(reverse("admin:agentrun_run_change", args=[other.pk])).text
     assert "Cancel requested by olga: wrong customer" in page
     assert "This run is cancelled: wrong customer" in page
+
+
+def test_run_page__a_long_conversation_shows_its_last_turns(client, olga, monkeypatch):
+    from django_agentrun.admin import runs
+
+    monkeypatch.setattr(runs, "MAX_CONVERSATION_TURNS", 2)
+    run, _ = factories.conversation()
+    url = reverse("admin:agentrun_run_change", args=[run.pk])
+    page = client.get(url).text
+    assert re.findall(r'id="turn-(\d+)"', page) == ["2", "3"]
+    assert "Showing the last 2 of 4 turns." in page
+    every = client.get(url, {"turns": "all"}).text
+    assert re.findall(r'id="turn-(\d+)"', every) == ["0", "1", "2", "3"]
