@@ -24,7 +24,15 @@ from ..permissions import APPROVE_PERMISSION
 from ..states import ToolCallState
 from ..tools import ToolArgumentsError
 from .conversation import arguments_diff, conversation
-from .display import FOLD_CHARS, change_url, json_text, pretty_json, state_badge, value_url, when
+from .display import (
+    FIELD_FOLD_CHARS,
+    change_url,
+    json_text,
+    pretty_json,
+    state_badge,
+    value_url,
+    when,
+)
 from .forms import ApproveForm, RejectForm, ResolveForm, parse_result
 
 
@@ -66,7 +74,7 @@ class DecisionViewsMixin:
                     # Too long to edit here: left empty, it approves the arguments as they are.
                     initial={
                         "token": token,
-                        "arguments": arguments if len(arguments) <= FOLD_CHARS else "",
+                        "arguments": arguments if len(arguments) <= FIELD_FOLD_CHARS else "",
                     },
                     prefix="approve",
                 ),
@@ -92,7 +100,9 @@ class DecisionViewsMixin:
         return {
             "call": call,
             "call_badge": state_badge(call),
-            "call_arguments": pretty_json(call.arguments, url=value_url(call, "arguments")),
+            "call_arguments": pretty_json(
+                call.arguments, FIELD_FOLD_CHARS, value_url(call, "arguments")
+            ),
             "call_diff": arguments_diff(call),
             "call_description": services.tool_description(call),
             "call_deadline": when(deadline) if deadline else "",

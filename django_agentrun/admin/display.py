@@ -60,8 +60,10 @@ _COLOURS = {
 
 #: The one date format of the admin's pages (local time).
 DATE_FORMAT = "Y-m-d H:i:s"
-#: Characters of a value shown before it is folded (the rest behind "show all").
+#: Characters of a value shown before it is folded (the rest behind "show all"): in the
+#: conversation, and where a page shows one value in its own field.
 FOLD_CHARS = 3000
+FIELD_FOLD_CHARS = 20_000
 
 _UNPRINTABLE = re.compile("[\ud800-\udfff\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 

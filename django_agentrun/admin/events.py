@@ -10,7 +10,7 @@ from django.utils.translation import gettext_lazy as _
 
 from ..events import redact_secrets
 from ..models import RunEvent
-from .display import pretty_json, run_link, summary, value_url, when
+from .display import FIELD_FOLD_CHARS, pretty_json, run_link, summary, value_url, when
 from .values import ValueViewMixin
 from .visibility import VisibleRunsMixin
 
@@ -50,4 +50,4 @@ class RunEventAdmin(VisibleRunsMixin, ValueViewMixin, admin.ModelAdmin):
 
     @admin.display(description=_("payload"))
     def payload_display(self, obj: RunEvent) -> SafeString:
-        return pretty_json(redact_secrets(obj.payload), url=value_url(obj, "payload"))
+        return pretty_json(redact_secrets(obj.payload), FIELD_FOLD_CHARS, value_url(obj, "payload"))

@@ -23,6 +23,7 @@ from ..states import RunState
 from .actions import RunActionsMixin, cancel_reason, check_may_act
 from .conversation import conversation
 from .display import (
+    FIELD_FOLD_CHARS,
     change_url,
     input_summary,
     pretty_json,
@@ -174,19 +175,19 @@ class RunAdmin(VisibleRunsMixin, ForkViewsMixin, ValueViewMixin, RunActionsMixin
 
     @admin.display(description=_("input"))
     def input_display(self, obj: Run) -> SafeString:
-        return pretty_json(obj.input, url=value_url(obj, "input"))
+        return pretty_json(obj.input, FIELD_FOLD_CHARS, value_url(obj, "input"))
 
     @admin.display(description=_("output"))
     def output_display(self, obj: Run) -> SafeString:
-        return pretty_json(obj.output, url=value_url(obj, "output"))
+        return pretty_json(obj.output, FIELD_FOLD_CHARS, value_url(obj, "output"))
 
     @admin.display(description=_("configuration snapshot"))
     def config_display(self, obj: Run) -> SafeString:
-        return pretty_json(obj.config, url=value_url(obj, "config"))
+        return pretty_json(obj.config, FIELD_FOLD_CHARS, value_url(obj, "config"))
 
     @admin.display(description=_("metadata"))
     def metadata_display(self, obj: Run) -> SafeString:
-        return pretty_json(obj.metadata, url=value_url(obj, "metadata"))
+        return pretty_json(obj.metadata, FIELD_FOLD_CHARS, value_url(obj, "metadata"))
 
     @admin.display(description=_("forked from"))
     def forked(self, obj: Run) -> str:

@@ -17,7 +17,15 @@ from ..permissions import APPROVE_PERMISSION
 from ..states import ToolCallState
 from .bulk import ToolCallActionsMixin
 from .decisions import DecisionViewsMixin
-from .display import argument_lines, pretty_json, run_link, state_badge, value_url, when
+from .display import (
+    FIELD_FOLD_CHARS,
+    argument_lines,
+    pretty_json,
+    run_link,
+    state_badge,
+    value_url,
+    when,
+)
 from .filters import DecisionFilter, StateFilter
 from .values import ValueViewMixin
 from .visibility import VisibleRunsMixin
@@ -148,21 +156,25 @@ class ToolCallAdmin(
 
     @admin.display(description=_("arguments"))
     def arguments_full(self, obj: ToolCall) -> SafeString:
-        return pretty_json(obj.arguments, url=value_url(obj, "arguments"))
+        return pretty_json(obj.arguments, FIELD_FOLD_CHARS, value_url(obj, "arguments"))
 
     @admin.display(description=_("original arguments (before a person edited them)"))
     def original_arguments_display(self, obj: ToolCall) -> SafeString:
-        return pretty_json(obj.original_arguments, url=value_url(obj, "original_arguments"))
+        return pretty_json(
+            obj.original_arguments, FIELD_FOLD_CHARS, value_url(obj, "original_arguments")
+        )
 
     @admin.display(description=_("result"))
     def result_display(self, obj: ToolCall) -> SafeString:
-        return pretty_json(obj.result, url=value_url(obj, "result"))
+        return pretty_json(obj.result, FIELD_FOLD_CHARS, value_url(obj, "result"))
 
     @admin.display(description=_("approval payload"))
     def approval_payload_display(self, obj: ToolCall) -> SafeString:
         # Tokens are never shown from storage: the decision forms carry a fresh one.
         return pretty_json(
-            redact_secrets(obj.approval_payload), url=value_url(obj, "approval_payload")
+            redact_secrets(obj.approval_payload),
+            FIELD_FOLD_CHARS,
+            value_url(obj, "approval_payload"),
         )
 
     @admin.display(description=_("is error"))
