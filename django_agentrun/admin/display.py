@@ -219,8 +219,7 @@ def value_url(obj: Run | ToolCall | RunEvent, name: str) -> str:
 def run_link(obj: ToolCall | RunEvent) -> SafeString:
     """A link to the run of `obj` (a tool call or an event): "agent · short id"."""
     return format_html(
-        '<a href="{}"><span class="agentrun-nowrap">{}</span> · '
-        '<span class="agentrun-nowrap">{}</span></a>',
+        '<a href="{}">{} · <span class="agentrun-nowrap">{}</span></a>',
         change_url(obj.run),
         obj.run.agent,
         str(obj.run_id)[:8],

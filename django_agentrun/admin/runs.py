@@ -58,8 +58,8 @@ class RunAdmin(VisibleRunsMixin, ForkViewsMixin, ValueViewMixin, RunActionsMixin
         "agent",
         "state_display",
         "owner",
-        "turn_count",
-        "cost_usd",
+        "turns_display",
+        "cost_display",
         "created_display",
     )
     list_display_links = ("short_id", "input_display_short")
@@ -194,6 +194,14 @@ class RunAdmin(VisibleRunsMixin, ForkViewsMixin, ValueViewMixin, RunActionsMixin
         if obj.forked_from_id is None:
             return "—"
         return f"{obj.forked_from_id} (turn {obj.forked_at_turn})"
+
+    @admin.display(description=_("turns"), ordering="turn_count")
+    def turns_display(self, obj: Run) -> int:
+        return obj.turn_count
+
+    @admin.display(description=_("cost ($)"), ordering="cost_usd")
+    def cost_display(self, obj: Run) -> str:
+        return f"{obj.cost_usd:.4f}"
 
     @admin.display(description=_("created"), ordering="created_at")
     def created_display(self, obj: Run) -> str:

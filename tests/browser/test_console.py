@@ -179,7 +179,10 @@ def test_console__pages_fit_whatever_a_run_holds(console):
             ),
         ]
     )
-    run = start_run("test-agent", [{"type": "text", "text": "A" * 2_000_000 + "\x00\udcff"}])
+    owner = factories.user("a-customer-with-a-rather-long-username")
+    run = start_run(
+        "test-agent", [{"type": "text", "text": "A" * 2_000_000 + "\x00\udcff"}], owner=owner
+    )
     drive(run, model)
     call = run.tool_calls.get()
     page = console.login("olga")
