@@ -40,15 +40,30 @@ USERS: dict[str, tuple[tuple[str, ...], dict]] = {
     "owner_approver": ((*VIEW, "approve_toolcall"), {"is_staff": True}),  # owns run "c"
 }
 OWNERS = {"a": "alice", "b": "bob", "c": "owner_approver"}
-ANSWERS = ("sees", "events", "decides", "bulk_decides", "rejects", "cancels", "resumes", "forks")
+ANSWERS = (
+    "sees",
+    "events",
+    "decides",
+    "bulk_decides",
+    "rejects",
+    "resolves",
+    "cancels",
+    "resumes",
+    "forks",
+)
+# Per run of the world, a run of the same owner parked on an unknown outcome: its call.
+UNKNOWNS: dict = {}
 
 
 @pytest.fixture
-def world(db):
+def world(db, monkeypatch):
     users = {name: factories.user(name, *perms, **extra) for name, (perms, extra) in USERS.items()}
     users["root"] = User.objects.create_superuser("root", password="pw")
     users["anonymous"] = AnonymousUser()
     runs = {key: factories.parked(users[owner])[0] for key, owner in OWNERS.items()}
+    UNKNOWNS.clear()
+    for run in runs.values():
+        UNKNOWNS[run.pk] = factories.unknown(monkeypatch, run.owner)[1]
     return users, runs
 
 
@@ -67,6 +82,7 @@ def rule(user, run: Run) -> dict[str, bool]:
         "decides": decides,
         "bulk_decides": decides,
         "rejects": decides,
+        "resolves": decides,
         "cancels": acts,
         "resumes": acts,
         "forks": acts,
@@ -115,6 +131,8 @@ def api_answers(user, run: Run) -> dict[str, bool]:
         return post("agentrun:run-resume", [run.pk], {}) == 200
 
     token = services.approval_token(call)
+    unknown = UNKNOWNS[run.pk]
+    resolve_body = {"token": services.approval_token(unknown), "action": "fail"}
     return {
         "sees": client.get(detail).status_code == 200,
         "events": client.get(reverse("agentrun:run-events", args=[run.pk])).status_code == 200,
@@ -129,6 +147,9 @@ def api_answers(user, run: Run) -> dict[str, bool]:
             lambda: (
                 post("agentrun:toolcall-reject", [call.pk], {"token": token, "reason": "no"}) == 200
             )
+        ),
+        "resolves": rolled_back(
+            lambda: post("agentrun:toolcall-resolve", [unknown.pk], resolve_body) == 200
         ),
         "cancels": rolled_back(lambda: post("agentrun:run-cancel", [run.pk], {}) == 200),
         "resumes": rolled_back(resume),
@@ -153,14 +174,22 @@ def admin_answers(user, run: Run) -> dict[str, bool]:
         assert response.status_code in (200, 404), (url, response.status_code)
         return response.status_code == 200 and succeeded(response)
 
-    def bulk() -> bool:
+    def bulk(action: str, target: ToolCall) -> bool:
+        """A list action through its confirmation page, posted back with its tokens."""
         url = reverse("admin:agentrun_toolcall_changelist")
-        selected = {"_selected_action": [call.pk], "index": "0"}
-        page = client.post(url, {"action": "approve_selected", **selected}, follow=True)
+        selected = {"_selected_action": [target.pk], "index": "0"}
+        page = client.post(url, {"action": action, **selected}, follow=True)
         tokens = dict(re.findall(r'name="(token-\d+)" value="([^"]+)"', page.text))
-        return bool(tokens) and post(
-            url, {"action": "approve_selected", "apply": "1", **selected, **tokens}
-        )
+        return bool(tokens) and post(url, {"action": action, "apply": "1", **selected, **tokens})
+
+    def one_answer(*checks: Callable[[], bool]) -> bool:
+        """The answer of every path to one question, which must agree."""
+        answers = [rolled_back(check) for check in checks]
+        assert len(set(answers)) == 1, (user, run.owner, answers)
+        return answers[0]
+
+    unknown = UNKNOWNS[run.pk]
+    runs_url = reverse("admin:agentrun_run_changelist")
 
     def resume() -> bool:
         services.cancel_run(run)
@@ -180,11 +209,13 @@ def admin_answers(user, run: Run) -> dict[str, bool]:
         listed(reverse("admin:agentrun_run_changelist"), {}),
         listed(reverse("admin:agentrun_toolcall_changelist"), {}),
         ok(reverse("admin:agentrun_run_history", args=[run.pk])),
+        ok(reverse("admin:agentrun_toolcall_history", args=[call.pk])),
     ]
     assert len(set(seen)) == 1, (user, run.owner, seen)  # every path gives one answer
     events = [
         ok(reverse("admin:agentrun_runevent_change", args=[event.pk])),
         listed(reverse("admin:agentrun_runevent_changelist"), {"q": str(run.pk)}),
+        ok(reverse("admin:agentrun_runevent_value", args=[event.pk, "payload"])),
     ]
     assert len(set(events)) == 1, (user, events)
     return {
@@ -195,15 +226,23 @@ def admin_answers(user, run: Run) -> dict[str, bool]:
                 reverse("admin:agentrun_toolcall_approve", args=[call.pk]), {"approve-token": token}
             )
         ),
-        "bulk_decides": rolled_back(bulk),
+        "bulk_decides": rolled_back(lambda: bulk("approve_selected", call)),
         "rejects": rolled_back(
             lambda: post(
                 reverse("admin:agentrun_toolcall_reject", args=[call.pk]),
                 {"reject-token": token, "reject-reason": "no"},
             )
         ),
-        "cancels": rolled_back(
-            lambda: post(reverse("admin:agentrun_run_cancel", args=[run.pk]), {})
+        "resolves": one_answer(
+            lambda: post(
+                reverse("admin:agentrun_toolcall_resolve", args=[unknown.pk]),
+                {"resolve-action": "fail", "resolve-token": services.approval_token(unknown)},
+            ),
+            lambda: bulk("fail_selected", unknown),
+        ),
+        "cancels": one_answer(
+            lambda: post(reverse("admin:agentrun_run_cancel", args=[run.pk]), {}),
+            lambda: post(runs_url, {"action": "cancel_selected", "_selected_action": [run.pk]}),
         ),
         "resumes": rolled_back(resume),
         "forks": rolled_back(
