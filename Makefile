@@ -15,10 +15,12 @@ VENV_DJANGO6 ?= .venv-django6
 
 # `make test`: each stage in turn, timed; the first that fails stops the run.
 TEST_STAGES = lint checks test-sqlite test-postgres test-postgres-ssb test-postgres-psycopg2 \
-	test-django6 test-release
+	test-browser test-django6 test-release
+# The browser tier's Chromium: Debian's package (Playwright's own download cannot be used here).
+CHROMIUM ?= /usr/bin/chromium
 
 .PHONY: test lint checks test-sqlite test-postgres test-postgres-ssb test-postgres-psycopg2 \
-	test-django6 test-release demo bench bench-quick install
+	test-browser chromium test-django6 test-release demo bench bench-quick install
 
 # A virtualenv with the project and its test dependencies, rebuilt when pyproject changes.
 $(VENV)/.installed: pyproject.toml
@@ -74,6 +76,20 @@ test-postgres-psycopg2: install
 	AGENTRUN_TEST_PSYCOPG2=1 DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest tests/db tests/postgres tests/workers -q \
 	  -m "not one_driver and (not integration or both_drivers)" \
 	  --ignore=tests/workers/test_fresh_project.py
+
+# The admin as an operator uses it: headless Chromium (Debian's, through the playwright
+# package) against a live server on Postgres, psycopg 3. Screenshots in artifacts/screenshots/.
+# Without Chromium (and no way to install it) the tier is skipped, saying so.
+test-browser: install chromium
+	AGENTRUN_CHROMIUM=$(CHROMIUM) DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest tests/browser -q -rs
+
+# Debian's Chromium, installed when it is missing and apt-get can (as root).
+chromium:
+	@test -x $(CHROMIUM) || { \
+	  echo "Chromium is missing: apt-get install -y chromium"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null 2>&1 \
+	    || echo "Chromium could not be installed: the browser tests will be skipped"; \
+	}
 
 # Django 6.0 on Python 3.12: the pure and db tiers on SQLite, the db tier on Postgres.
 $(VENV_DJANGO6)/.installed: pyproject.toml

@@ -21,6 +21,7 @@ __all__ = [
     "ToolResult",
     "approve_tool_call",
     "cancel_run",
+    "fork_run",
     "reject_tool_call",
     "replace_tool_result",
     "resolve_tool_call",
@@ -40,6 +41,7 @@ _LAZY = {
     "ToolResult": "content",
     "start_run": "services",
     "cancel_run": "services",
+    "fork_run": "services",
     "resume_run": "services",
     "approve_tool_call": "services",
     "reject_tool_call": "services",
@@ -54,6 +56,7 @@ if TYPE_CHECKING:
     from .services import (
         approve_tool_call,
         cancel_run,
+        fork_run,
         reject_tool_call,
         replace_tool_result,
         resolve_tool_call,

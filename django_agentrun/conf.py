@@ -71,8 +71,9 @@ DEFAULTS: dict[str, Any] = {
     "PRICES": {},
     # Celery queue for the app's tasks (None: the default queue).
     "QUEUE": None,
-    # Max age (seconds) of an approval token; None: no expiry beyond the call's state.
-    "APPROVAL_TOKEN_MAX_AGE": None,
+    # Max age (seconds) of an approval token: a decision on a page shown longer ago than
+    # this is refused (reload it). None: no expiry beyond the call's state.
+    "APPROVAL_TOKEN_MAX_AGE": 3600,
 }
 
 

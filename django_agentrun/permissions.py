@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-#: Cancel and resume runs (the API also lets a run's owner do that).
+#: Cancel, resume and fork any run (a run's owner may do that to their own).
 CANCEL_PERMISSION = "agentrun.cancel_run"
 #: Approve, reject and resolve tool calls that wait for a person (being staff is not enough).
 APPROVE_PERMISSION = "agentrun.approve_toolcall"
@@ -25,3 +25,11 @@ def can_decide(user: Any) -> bool:
 def can_cancel(user: Any) -> bool:
     """Whether `user` may cancel and resume any run (owners may also act on their own)."""
     return bool(user and user.is_authenticated and user.has_perm(CANCEL_PERMISSION))
+
+
+def can_act_on_run(user: Any, run: Any) -> bool:
+    """Whether `user` may cancel, resume or fork `run`: its owner, or with CANCEL_PERMISSION.
+    (Seeing the run at all is `Run.objects.visible_to(user)`: check that first.)"""
+    if not (user and user.is_authenticated):
+        return False
+    return (run.owner_id is not None and run.owner_id == user.pk) or can_cancel(user)

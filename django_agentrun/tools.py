@@ -32,7 +32,9 @@ def canonical_json(value: Any) -> str:
 
 
 def arguments_hash(name: str, arguments: Any) -> str:
-    return hashlib.sha256(f"{name}\n{canonical_json(arguments)}".encode()).hexdigest()
+    # surrogatepass: arguments may hold undecodable bytes (lone surrogates), stored faithfully.
+    text = f"{name}\n{canonical_json(arguments)}"
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 class ToolArgumentsError(ToolError):

@@ -3,7 +3,8 @@ the Postgres tiers' database, a local Messages API server, a broker kept away.
 
 Tests live in tiers by what they need (the Makefile picks tiers per database run):
 `tests/pure` no database, `tests/db` a database (SQLite or Postgres), `tests/postgres`
-Postgres only, `tests/workers` real Celery worker processes on Postgres and Redis.
+Postgres only, `tests/workers` real Celery worker processes on Postgres and Redis,
+`tests/browser` the admin in headless Chromium against a live server on Postgres.
 Builders of typical runs (parked, failed, expired...) are in `tests/factories.py`.
 """
 
@@ -22,7 +23,7 @@ from django_agentrun.engine.projection import project
 from django_agentrun.models import Run, RunEvent
 from django_agentrun.testing.messages_api import MessagesAPIServer
 
-TIERS = ("pure", "db", "postgres", "workers")
+TIERS = ("pure", "db", "postgres", "workers", "browser")
 
 _FIGURES = pytest.StashKey[list[str]]()
 

@@ -105,3 +105,33 @@ def unknown(monkeypatch, owner=None) -> tuple[Run, ToolCall, ScriptedClient]:
     call = ToolCall.objects.get(run=run)
     assert (run.state, call.state) == (RunState.AWAITING_APPROVAL, ToolCallState.UNKNOWN)
     return run, call, model
+
+
+def conversation_script(*, then=None) -> ScriptedClient:
+    """Four turns: 0 looks the order up, 1 saves a note and looks again, 2 sends a message
+    (non_idempotent), 3 answers. `then` replaces the reply at step 2 (a fork's new turn)."""
+    steps = [
+        reply(text("Looking it up."), tool_use("lookup", {"query": "order 42"})),
+        reply(
+            text("Noting it."),
+            tool_use("save_note", {"text": "order 42 shipped"}),
+            tool_use("lookup", {"query": "ann"}),
+        ),
+        reply(
+            text("Telling Ann."),
+            tool_use("send_message", {"to": "ann@example.com", "body": "Shipped."}),
+        ),
+        reply(text("All done.")),
+    ]
+    if then is not None:
+        steps[2:] = then
+    return ScriptedClient(steps)
+
+
+def conversation(owner=None) -> tuple[Run, ScriptedClient]:
+    """A completed test-agent run of four turns (`conversation_script`)."""
+    model = conversation_script()
+    run = start_run("test-agent", "Tell Ann about order 42.", owner=owner)
+    drive(run, model)
+    assert (run.state, run.turns.count()) == (RunState.COMPLETED, 4)
+    return run, model

@@ -1,14 +1,18 @@
-"""Django admin for runs, tool-call decisions and the event log.
+"""Django admin for runs, tool-call decisions and the event log: an operator's console.
 
 Everything here is read-only except through `services`: the run actions call
-`cancel_run`/`resume_run`, the decision actions and forms call
-`approve_tool_call`, `reject_tool_call` and `resolve_tool_call`. No admin path
-saves a model, so no state field is ever written by a form.
+`cancel_run`/`resume_run`/`fork_run`, the decision actions and forms call
+`approve_tool_call`, `reject_tool_call` and `resolve_tool_call`, each with a token minted
+as the decision was shown. No admin path saves a model, so no state field is ever
+written by a form. A user sees the runs the API shows them, and their calls and events
+(`visibility`); a run's owner may cancel, resume and fork it, as in the API.
 
-Where things are: `display` (badges, pretty JSON), `actions` (list actions and the
-permission plumbing they share), `forms` (what a person types), `runs` (RunAdmin),
-`toolcalls` and `decisions` (ToolCallAdmin, its filter and decision views), `events`
-(RunEventAdmin). Django's autodiscovery imports this package, which registers them.
+Where things are: `display` (badges, printable and folded values, dates), `visibility`,
+`filters`, `conversation` (a run as the model's words, calls and decisions), `values`
+(the whole of a folded value), `actions` (run list actions and the plumbing they share),
+`bulk` (decisions on several calls, through a confirmation page), `forms`, `forks`,
+`runs` (RunAdmin), `toolcalls` and `decisions` (ToolCallAdmin and its decision views),
+`events` (RunEventAdmin). Django's autodiscovery imports this package, which registers them.
 """
 
 from __future__ import annotations
@@ -18,15 +22,17 @@ from django.contrib import admin
 from ..models import Run, RunEvent, ToolCall
 from ..permissions import APPROVE_PERMISSION, CANCEL_PERMISSION
 from .actions import MAX_LISTED_ERRORS
-from .decisions import DecisionFilter
+from .bulk import BULK_MAX_ARGUMENT_CHARS
 from .display import (
     RUN_STATE_COLOURS,
     TOOL_CALL_STATE_COLOURS,
     TURN_STATE_COLOURS,
     pretty_json,
+    printable,
     state_badge,
 )
 from .events import RunEventAdmin
+from .filters import DecisionFilter, StuckFilter
 from .forms import ApproveForm, BulkDoneForm, BulkRejectForm, RejectForm, ResolveForm
 from .runs import MAX_TIMELINE_EVENTS, RunAdmin
 from .toolcalls import ToolCallAdmin
@@ -35,9 +41,10 @@ admin.site.register(Run, RunAdmin)
 admin.site.register(ToolCall, ToolCallAdmin)
 admin.site.register(RunEvent, RunEventAdmin)
 
-# Everything `django_agentrun.admin` offered when it was one module.
+# Everything `django_agentrun.admin` offered when it was one module, and what it adds.
 __all__ = [
     "APPROVE_PERMISSION",
+    "BULK_MAX_ARGUMENT_CHARS",
     "CANCEL_PERMISSION",
     "MAX_LISTED_ERRORS",
     "MAX_TIMELINE_EVENTS",
@@ -52,7 +59,9 @@ __all__ = [
     "ResolveForm",
     "RunAdmin",
     "RunEventAdmin",
+    "StuckFilter",
     "ToolCallAdmin",
     "pretty_json",
+    "printable",
     "state_badge",
 ]

@@ -2,7 +2,8 @@
 
 Django hides an action from a user without its permission but does not refuse it
 when posted anyway, and django-fsm-2's admin does not re-check permissions either:
-every action here checks its permission itself.
+every action here checks its permission itself. A run's owner may cancel and resume it,
+as in the API; anyone else needs `agentrun.cancel_run`.
 """
 
 from __future__ import annotations
@@ -10,28 +11,35 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.actions import delete_selected
+from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponseRedirect
-from django.template.response import TemplateResponse
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
 from .. import services
 from ..exceptions import AgentRunError
-from ..models import Run, ToolCall
-from ..permissions import APPROVE_PERMISSION, CANCEL_PERMISSION, can_cancel, can_decide
-from .display import pretty_json
-from .forms import BulkDoneForm, BulkRejectForm, parse_result
+from ..models import Run
+from ..permissions import CANCEL_PERMISSION, can_act_on_run
+from ..states import RUN_ACTIVE
 
 MAX_LISTED_ERRORS = 10
+# An integer id past a bigint names nothing (and some databases cannot even compare it).
+MAX_ID = 2**63
 
 
 def cancel_reason(request: HttpRequest) -> str:
     """The reason typed with a cancel, or one that names who cancelled."""
     reason = request.POST.get("reason", "").strip()
     return reason or f"Cancelled in admin by {request.user.get_username()}"
+
+
+class NotPermitted(AgentRunError):
+    """You may not do this."""
+
+    code = "permission_denied"
 
 
 class ServiceActionsMixin:
@@ -93,13 +101,24 @@ class ServiceActionsMixin:
         )
 
     def changelist_view(self, request: HttpRequest, extra_context: dict | None = None):
-        # An action hidden from this user (no permission) is refused with a clear message
-        # instead of Django's silent "No action selected".
-        if request.method == "POST":
-            name = request.POST.get("action", "")
-            perm = self.guarded_actions.get(name)
+        if request.method == "POST" and "action" in request.POST:
+            # An action hidden from this user (no permission) is refused with a clear message
+            # instead of Django's silent "No action selected".
+            perm = self.guarded_actions.get(request.POST["action"])
             if perm and not request.user.has_perm(perm):
                 self.refuse(request, perm)
+                return HttpResponseRedirect(request.get_full_path())
+            # Ids that cannot be this model's are a message, not a server error.
+            pk = self.model._meta.pk  # type: ignore[attr-defined]
+            try:
+                for value in request.POST.getlist(admin.helpers.ACTION_CHECKBOX_NAME):
+                    number = pk.to_python(value)
+                    if isinstance(number, int) and not 0 < number < MAX_ID:
+                        raise ValidationError("out of range")
+            except ValidationError:
+                self.message_user(
+                    request, _("Invalid selection: nothing was changed."), messages.ERROR
+                )
                 return HttpResponseRedirect(request.get_full_path())
         return super().changelist_view(request, extra_context)  # type: ignore[misc]
 
@@ -108,21 +127,34 @@ def _run_label(run: Run) -> str:
     return f"Run {run.pk}"
 
 
+def check_may_act(request: HttpRequest, run: Run, verb: str) -> None:
+    """NotPermitted unless the user owns `run` or has agentrun.cancel_run (as in the API)."""
+    if not can_act_on_run(request.user, run):
+        raise NotPermitted(
+            f"you do not have permission to {verb} it: only its owner or a user with "
+            f"{CANCEL_PERMISSION} may. Nothing was changed."
+        )
+
+
 class RunActionsMixin(ServiceActionsMixin):
-    """Cancel and resume the selected runs (`cancel_run`, `resume_run`)."""
+    """Cancel and resume the selected runs (`cancel_run`, `resume_run`); delete finished ones."""
 
     def has_cancel_permission(self, request: HttpRequest) -> bool:
-        return can_cancel(request.user)
+        # Offered to whoever sees runs: each run is checked (its owner, or agentrun.cancel_run).
+        return request.user.is_active and request.user.is_staff
 
     @admin.action(description=_("Cancel selected runs"), permissions=["cancel"])
     def cancel_selected(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
-        if not self.has_cancel_permission(request):
-            return self.refuse(request, CANCEL_PERMISSION)
         reason = cancel_reason(request)
+
+        def cancel(run: Run) -> Any:
+            check_may_act(request, run, "cancel")
+            return services.cancel_run(run, by=request.user, reason=reason)
+
         self.apply_each(
             request,
             queryset,
-            lambda run: services.cancel_run(run, by=request.user, reason=reason),
+            cancel,
             label=_run_label,
             logged="Cancellation requested in the admin.",
             done_message=(
@@ -130,152 +162,48 @@ class RunActionsMixin(ServiceActionsMixin):
                 "Cancellation requested for %(count)d runs.",
             ),
         )
-        return None
 
     @admin.action(description=_("Resume selected runs"), permissions=["cancel"])
     def resume_selected(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
-        if not self.has_cancel_permission(request):
-            return self.refuse(request, CANCEL_PERMISSION)
+        def resume(run: Run) -> Any:
+            check_may_act(request, run, "resume")
+            return services.resume_run(run, by=request.user)
+
         self.apply_each(
             request,
             queryset,
-            lambda run: services.resume_run(run, by=request.user),
+            resume,
             label=_run_label,
             logged="Resumed in the admin.",
             done_message=("Resumed %(count)d run.", "Resumed %(count)d runs."),
         )
-        return None
 
+    def delete_finished(self, request: HttpRequest, queryset: QuerySet[Run]):
+        """Django's delete (with its confirmation page), refused while a run is active."""
+        active = [
+            str(pk) for pk in queryset.filter(state__in=RUN_ACTIVE).values_list("pk", flat=True)
+        ]
+        if active:
+            self.message_user(
+                request,
+                ngettext(
+                    "Run %(runs)s is active: cancel it before deleting it. Nothing was deleted.",
+                    "Runs %(runs)s are active: cancel them before deleting them. Nothing was "
+                    "deleted.",
+                    len(active),
+                )
+                % {"runs": ", ".join(active[:MAX_LISTED_ERRORS])},
+                messages.ERROR,
+            )
+            return None
+        return delete_selected(self, request, queryset)
 
-class ToolCallActionsMixin(ServiceActionsMixin):
-    """Decide on the selected tool calls; those that need input ask for it on a page of
-    their own (`bulk_template`)."""
-
-    bulk_template: str
-
-    def has_approve_permission(self, request: HttpRequest) -> bool:
-        return can_decide(request.user)
-
-    def _bulk(
-        self,
-        request: HttpRequest,
-        queryset: QuerySet[ToolCall],
-        apply: Callable[[ToolCall], Any],
-        done_message: tuple[str, str],
-    ) -> None:
-        if not self.has_approve_permission(request):
-            return self.refuse(request, APPROVE_PERMISSION)
-        self.apply_each(
-            request,
-            queryset.select_related("run"),
-            apply,
-            label=lambda call: f"{call.name} ({call.tool_call_id})",
-            logged=ngettext(*done_message, 1) % {"count": 1},
-            done_message=done_message,
-        )
-        return None
-
-    def _bulk_form_page(
-        self,
-        request: HttpRequest,
-        queryset: QuerySet[ToolCall],
-        form_class: type[forms.Form],
-        title: str,
-        initial: dict[str, Any] | None = None,
-    ) -> forms.Form | TemplateResponse:
-        """The intermediate page of an action that needs input; the bound valid form once posted."""
-        if "apply" in request.POST:
-            form = form_class(request.POST)
-            if form.is_valid():
-                return form
-        else:
-            form = form_class(initial=initial)
-        context = {
-            **self.admin_site.each_context(request),
-            "opts": self.model._meta,
-            "title": title,
-            "form": form,
-            "queryset": queryset,
-            "calls": [(call, pretty_json(call.arguments, limit=600)) for call in queryset],
-            "action": request.POST.get("action", ""),
-            "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
-        }
-        return TemplateResponse(request, self.bulk_template, context)
-
-    @admin.action(description=_("Approve selected tool calls"), permissions=["approve"])
-    def approve_selected(self, request: HttpRequest, queryset: QuerySet[ToolCall]) -> None:
-        self._bulk(
-            request,
-            queryset,
-            lambda call: services.approve_tool_call(call, by=request.user),
-            ("Approved %(count)d tool call.", "Approved %(count)d tool calls."),
-        )
-
-    @admin.action(description=_("Reject selected tool calls…"), permissions=["approve"])
-    def reject_selected(self, request: HttpRequest, queryset: QuerySet[ToolCall]):
-        if not self.has_approve_permission(request):
-            return self.refuse(request, APPROVE_PERMISSION)
-        form = self._bulk_form_page(
-            request,
-            queryset,
-            BulkRejectForm,
-            _("Reject tool calls"),
-            {"reason": f"Rejected in admin by {request.user.get_username()}"},
-        )
-        if not isinstance(form, forms.Form):
-            return form
-        reason = form.cleaned_data["reason"]
-        self._bulk(
-            request,
-            queryset,
-            lambda call: services.reject_tool_call(call, by=request.user, reason=reason),
-            ("Rejected %(count)d tool call.", "Rejected %(count)d tool calls."),
-        )
-        return None
-
-    @admin.action(
-        description=_("Unknown outcome: mark done with a result…"), permissions=["approve"]
-    )
-    def mark_done(self, request: HttpRequest, queryset: QuerySet[ToolCall]):
-        if not self.has_approve_permission(request):
-            return self.refuse(request, APPROVE_PERMISSION)
-        form = self._bulk_form_page(request, queryset, BulkDoneForm, _("Mark tool calls done"))
-        if not isinstance(form, forms.Form):
-            return form
-        result = parse_result(form.cleaned_data["result"])
-        note = form.cleaned_data["note"]
-        self._bulk(
-            request,
-            queryset,
-            lambda call: services.resolve_tool_call(
-                call, by=request.user, action="done", result=result, note=note
-            ),
-            ("Marked %(count)d tool call done.", "Marked %(count)d tool calls done."),
-        )
-        return None
-
-    @admin.action(description=_("Unknown outcome: retry once"), permissions=["approve"])
-    def retry_selected(self, request: HttpRequest, queryset: QuerySet[ToolCall]) -> None:
-        note = f"Retried in admin by {request.user.get_username()}"
-        self._bulk(
-            request,
-            queryset,
-            lambda call: services.resolve_tool_call(
-                call, by=request.user, action="retry", note=note
-            ),
-            ("%(count)d tool call will be retried.", "%(count)d tool calls will be retried."),
-        )
-
-    @admin.action(
-        description=_("Unknown outcome: fail with an error result"), permissions=["approve"]
-    )
-    def fail_selected(self, request: HttpRequest, queryset: QuerySet[ToolCall]) -> None:
-        note = f"Failed in admin by {request.user.get_username()}"
-        self._bulk(
-            request,
-            queryset,
-            lambda call: services.resolve_tool_call(
-                call, by=request.user, action="fail", note=note
-            ),
-            ("Failed %(count)d tool call.", "Failed %(count)d tool calls."),
-        )
+    def get_actions(self, request: HttpRequest):
+        actions = super().get_actions(request)  # type: ignore[misc]
+        if "delete_selected" in actions:  # the user may delete: finished runs only
+            actions["delete_selected"] = (
+                type(self).delete_finished,
+                "delete_selected",
+                _("Delete selected finished runs"),
+            )
+        return actions

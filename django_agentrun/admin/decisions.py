@@ -1,5 +1,8 @@
 """Deciding on one tool call from its admin page (approve, reject, resolve an unknown
-outcome) and the list filter that shows the calls waiting for a decision."""
+outcome), with what the decision is about in view: the run's input, the conversation so
+far, the call's arguments (a diff when a person edited them), the tool's description, its
+side-effect class and idempotency key, the approval deadline. Each form carries a token
+minted as the page is shown: a decision on a call that changed since is refused."""
 
 from __future__ import annotations
 
@@ -7,12 +10,12 @@ from collections.abc import Callable
 from typing import Any
 
 from django import forms
-from django.contrib import admin, messages
+from django.contrib import messages
 from django.contrib.admin.utils import unquote
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
-from django.utils.translation import gettext_lazy as _
+from django.utils import timezone
 
 from .. import services
 from ..exceptions import AgentRunError, ApprovalError, InvalidToken
@@ -20,49 +23,17 @@ from ..models import ToolCall
 from ..permissions import APPROVE_PERMISSION
 from ..states import ToolCallState
 from ..tools import ToolArgumentsError
-from .display import change_url, json_text, pretty_json, state_badge
+from .conversation import arguments_diff, conversation
+from .display import (
+    FIELD_FOLD_CHARS,
+    change_url,
+    json_text,
+    pretty_json,
+    state_badge,
+    value_url,
+    when,
+)
 from .forms import ApproveForm, RejectForm, ResolveForm, parse_result
-
-
-class DecisionFilter(admin.SimpleListFilter):
-    """Pending decisions by default (unless another filter narrows the list)."""
-
-    title = _("decision")
-    parameter_name = "decision"
-
-    def __init__(self, request, params, model, model_admin):
-        self._other_filters = any(key != self.parameter_name for key in params)
-        super().__init__(request, params, model, model_admin)
-
-    def lookups(self, request, model_admin):
-        return [
-            ("pending", _("Pending decision")),
-            ("approval", _("Awaiting approval")),
-            ("unknown", _("Unknown outcome")),
-            ("all", _("All")),
-        ]
-
-    def effective(self) -> str:
-        return self.value() or ("all" if self._other_filters else "pending")
-
-    def queryset(self, request, queryset):
-        value = self.effective()
-        if value == "pending":
-            return queryset.pending_decision()
-        if value == "approval":
-            return queryset.filter(state=ToolCallState.AWAITING_APPROVAL)
-        if value == "unknown":
-            return queryset.filter(state=ToolCallState.UNKNOWN)
-        return queryset
-
-    def choices(self, changelist):
-        current = self.effective()
-        for lookup, title in self.lookup_choices:
-            yield {
-                "selected": current == lookup,
-                "query_string": changelist.get_query_string({self.parameter_name: lookup}),
-                "display": title,
-            }
 
 
 class DecisionViewsMixin:
@@ -95,23 +66,23 @@ class DecisionViewsMixin:
 
     def _forms_for(self, request: HttpRequest, call: ToolCall) -> dict[str, forms.Form]:
         """Unbound decision forms for the call's current state, carrying a fresh token."""
+        token = services.approval_token(call)
         if call.state == ToolCallState.AWAITING_APPROVAL:
-            token = services.approval_token(call)
+            arguments = json_text(call.arguments)
             return {
                 "approve": ApproveForm(
-                    initial={"token": token, "arguments": json_text(call.arguments)},
-                    prefix="approve",
-                ),
-                "reject": RejectForm(
+                    # Too long to edit here: left empty, it approves the arguments as they are.
                     initial={
                         "token": token,
-                        "reason": f"Rejected in admin by {request.user.get_username()}",
+                        "arguments": arguments if len(arguments) <= FIELD_FOLD_CHARS else "",
                     },
-                    prefix="reject",
+                    prefix="approve",
                 ),
+                # No reason until the person writes one: the model reads it.
+                "reject": RejectForm(initial={"token": token}, prefix="reject"),
             }
         if call.state == ToolCallState.UNKNOWN:
-            return {"resolve": ResolveForm(prefix="resolve")}
+            return {"resolve": ResolveForm(initial={"token": token}, prefix="resolve")}
         return {}
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
@@ -125,11 +96,21 @@ class DecisionViewsMixin:
     ) -> dict[str, Any]:
         can_decide = self.has_approve_permission(request)
         decision_forms = {**self._forms_for(request, call), **(bound or {})} if can_decide else {}
+        deadline = call.approval_deadline
         return {
             "call": call,
             "call_badge": state_badge(call),
-            "call_arguments": pretty_json(call.arguments),
+            "call_arguments": pretty_json(
+                call.arguments, FIELD_FOLD_CHARS, value_url(call, "arguments")
+            ),
+            "call_diff": arguments_diff(call),
+            "call_description": services.tool_description(call),
+            "call_deadline": when(deadline) if deadline else "",
+            "call_deadline_passed": bool(deadline and deadline <= timezone.now()),
+            "call_created": when(call.created_at),
+            "conversation": conversation(call.run, upto=call.turn_index, current=call.pk),
             "run_url": change_url(call.run),
+            "run_badge": state_badge(call.run),
             "pending": call.state in (ToolCallState.AWAITING_APPROVAL, ToolCallState.UNKNOWN),
             "can_decide": can_decide,
             "decision_forms": decision_forms,
@@ -240,7 +221,12 @@ class DecisionViewsMixin:
             action = data["action"]
             result = parse_result(data["result"]) if action == "done" else None
             services.resolve_tool_call(
-                call, by=request.user, action=action, result=result, note=data["note"]
+                call,
+                by=request.user,
+                action=action,
+                result=result,
+                note=data["note"],
+                token=data["token"],
             )
             return f"Resolved {call.name} ({call.tool_call_id}): {action}."
 

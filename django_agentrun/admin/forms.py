@@ -51,16 +51,22 @@ class ApproveForm(forms.Form):
     )
 
 
+REASON_HELP = _(
+    "Sent to the model as the tool's result: “A person declined this tool call: (your reason).”"
+)
+
+
 class RejectForm(forms.Form):
     token = forms.CharField(widget=forms.HiddenInput)
     reason = forms.CharField(
         label=_("Reason"),
         widget=forms.Textarea(attrs={"rows": 2, "cols": 80}),
-        help_text=_("Sent to the model as the tool result."),
+        help_text=REASON_HELP,
     )
 
 
 class ResolveForm(forms.Form):
+    token = forms.CharField(widget=forms.HiddenInput)
     ACTIONS = [
         ("done", _("Mark done: it happened, record this result")),
         ("retry", _("Retry: it did not happen, run it once more")),
@@ -84,8 +90,14 @@ class ResolveForm(forms.Form):
         return data
 
 
+class BulkApproveForm(forms.Form):
+    note = forms.CharField(label=_("Note"), required=False)
+
+
 class BulkRejectForm(forms.Form):
-    reason = forms.CharField(label=_("Reason"), widget=forms.Textarea(attrs={"rows": 2}))
+    reason = forms.CharField(
+        label=_("Reason"), widget=forms.Textarea(attrs={"rows": 2}), help_text=REASON_HELP
+    )
 
 
 class BulkDoneForm(forms.Form):
@@ -95,3 +107,11 @@ class BulkDoneForm(forms.Form):
         help_text=_("Recorded as the result of every selected call: JSON, or plain text."),
     )
     note = forms.CharField(label=_("Note"), required=False)
+
+
+class BulkNoteForm(forms.Form):
+    note = forms.CharField(
+        label=_("Note"),
+        required=False,
+        help_text=_("Kept with the decision; a failed call's note is also told to the model."),
+    )

@@ -13,7 +13,7 @@ from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 
 from ..models import Run, ToolCall
-from ..permissions import APPROVE_PERMISSION, CANCEL_PERMISSION, can_cancel, can_decide
+from ..permissions import APPROVE_PERMISSION, CANCEL_PERMISSION, can_act_on_run, can_decide
 
 # The permission names and `can_decide` live in `django_agentrun.permissions`; kept
 # importable from here, where they were first defined.
@@ -40,11 +40,12 @@ def visible_tool_calls(user: Any):
 class CanCancelRun(BasePermission):
     """The run's owner, or a user with `agentrun.cancel_run`."""
 
-    message = f"Only the run's owner or a user with {CANCEL_PERMISSION} may cancel or resume it."
+    message = (
+        f"Only the run's owner or a user with {CANCEL_PERMISSION} may cancel, resume or fork it."
+    )
 
     def has_object_permission(self, request: Request, view: Any, obj: Run) -> bool:
-        user = request.user
-        return (obj.owner_id is not None and obj.owner_id == user.pk) or can_cancel(user)
+        return can_act_on_run(request.user, obj)
 
 
 class CanDecideToolCalls(BasePermission):

@@ -40,6 +40,7 @@ from ..states import RunState
 from . import serializers as s
 from .base import AgentRunAPIView, FormatNegotiation
 from .errors import ERROR_STATUS, exception_handler, status_for
+from .forks import ForkActionMixin
 from .pagination import PendingPagination, RunPagination
 from .params import int_param, text_param
 from .permissions import CanCancelRun, CanDecideToolCalls, visible_runs, visible_tool_calls
@@ -72,11 +73,12 @@ def _detail_queryset(qs: QuerySet[Run]) -> QuerySet[Run]:
 
 class RunViewSet(
     AgentRunAPIView,
+    ForkActionMixin,
     mixins.ListModelMixin,
     mixins.RetrieveModelMixin,
     viewsets.GenericViewSet,
 ):
-    """Start, list, inspect, cancel and resume the runs the user may see."""
+    """Start, list, inspect, cancel, resume and fork the runs the user may see."""
 
     permission_classes = [IsAuthenticated]
     pagination_class = RunPagination

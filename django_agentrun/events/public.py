@@ -43,8 +43,18 @@ _DECISION = ("decision", "by", "note")
 # `idempotency_key`, `arguments_hash`, and the model's `message_id`/`request_id`.
 # What stays is what the run detail shows; budget figures are in its error_message.
 ALLOWLIST: dict[str, Spec] = {
+    # A fork's run_created also names its original, the turn it forked at and who forked
+    # it (services.fork_run); the run detail shows the first two.
     EventType.RUN_CREATED: _keys(
-        "agent", "input", "correlation_id", "metadata", "owner", "deadline"
+        "agent",
+        "input",
+        "correlation_id",
+        "metadata",
+        "owner",
+        "deadline",
+        "forked_from",
+        "forked_at_turn",
+        "forked_by",
     ),
     EventType.RUN_STARTED: _keys(),
     EventType.CANCEL_REQUESTED: _keys("by", "reason"),

@@ -107,6 +107,22 @@ class Run(FSMModelMixin, UsageCounts):
     recovery_attempts = models.PositiveIntegerField(default=0)
     last_seq = models.PositiveIntegerField(default=0, help_text="Seq of the newest event.")
 
+    # A fork (services.fork_run) starts from a copy of another run's first turns.
+    forked_from = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="forks",
+        help_text="The run this one was forked from.",
+    )
+    forked_at_turn = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="The turn of the original this run asked the model again (its turns "
+        "before it are copies).",
+    )
+
     created_at = models.DateTimeField(default=timezone.now, editable=False)
     updated_at = models.DateTimeField(default=timezone.now)
     queued_at = models.DateTimeField(default=timezone.now)

@@ -1,6 +1,7 @@
 """The public commands: start, cancel and resume runs; decide on tool calls. Admin actions,
 API views, tasks and management commands call these (or the reaper); each command is one
-unit of work made of transitions (transitions.py)."""
+unit of work made of transitions (transitions.py); a fork (forks.py) copies a run's
+history into a new run."""
 
 from __future__ import annotations
 
@@ -11,18 +12,26 @@ from .decisions import (
     replace_tool_result,
     resolve_tool_call,
 )
+from .describe import tool_definition, tool_description
+from .forks import ForkPoint, ForkRefused, fork_points, fork_run
 from .runs import cancel_run, resume_run, start_run, validate_input
 
 __all__ = [
     "TOKEN_SALT",
+    "ForkPoint",
+    "ForkRefused",
     "approval_token",
     "approve_tool_call",
     "cancel_run",
     "check_approval_token",
+    "fork_points",
+    "fork_run",
     "reject_tool_call",
     "replace_tool_result",
     "resolve_tool_call",
     "resume_run",
     "start_run",
+    "tool_definition",
+    "tool_description",
     "validate_input",
 ]

@@ -37,14 +37,27 @@ def _lock_call(tool_call: ToolCall | Any) -> tuple[ToolCall, Run]:
     return call, run
 
 
-def _check_awaiting(call: ToolCall, token: str | None) -> None:
-    """A decision on `call` needs it awaiting approval and, when given, a current token."""
+def _check_token(call: ToolCall, token: str | None) -> None:
+    """A token, when given, is checked first: a stale or forged one is refused (409
+    `invalid_token` in the API) even where the decision would be a no-op."""
+    if token is not None:
+        check_approval_token(call, token)
+
+
+def _check_awaiting(call: ToolCall) -> None:
+    """A decision on `call` needs it awaiting approval."""
     if call.state != ToolCallState.AWAITING_APPROVAL:
         raise ApprovalError(
             f"Tool call {call.tool_call_id} is {call.state}, not awaiting approval."
         )
-    if token is not None:
-        check_approval_token(call, token)
+
+
+def declined_text(reason: str) -> str:
+    """What the model reads when a person declines a call: one sentence, with the reason."""
+    reason = " ".join(reason.split())
+    if not reason:
+        return "A person declined this tool call."
+    return f"A person declined this tool call: {reason}{'' if reason[-1] in '.!?' else '.'}"
 
 
 def _decided(by: Any, note: str) -> dict[str, Any]:
@@ -67,9 +80,10 @@ def approve_tool_call(
     check_text(note, "The note")
     with transaction.atomic():
         call, run = _lock_call(tool_call)
+        _check_token(call, token)
         if call.approved and call.state != ToolCallState.AWAITING_APPROVAL and arguments is None:
             return call
-        _check_awaiting(call, token)
+        _check_awaiting(call)
         fields: dict[str, Any] = {"approved": True, **_decided(by, note)}
         edited = None
         if arguments is not None:
@@ -104,18 +118,17 @@ def reject_tool_call(
     check_text(reason, "The reason")
     with transaction.atomic():
         call, run = _lock_call(tool_call)
+        _check_token(call, token)
         if call.state == ToolCallState.REJECTED:
             return call
-        _check_awaiting(call, token)
-        text = (
-            f"A person declined this tool call. Reason: {reason or 'no reason given'}. "
-            "Do not retry it as is."
-        )
+        _check_awaiting(call)
         write = store.Write(run)
         transitions.close_call(
             write,
             call,
-            transitions.Outcome(ToolCallState.REJECTED, text, True, ResultSource.PERSON),
+            transitions.Outcome(
+                ToolCallState.REJECTED, declined_text(reason), True, ResultSource.PERSON
+            ),
             fields=_decided(by, reason),
             extra=payloads.decision("rejected", by, reason),
             kind=EventType.APPROVAL_DECIDED,
@@ -141,10 +154,9 @@ def resolve_tool_call(
     done = stored_result(result) if action == "done" else None  # InvalidContent: nothing written
     with transaction.atomic():
         call, run = _lock_call(tool_call)
+        _check_token(call, token)
         if call.state != ToolCallState.UNKNOWN:
             raise ApprovalError(f"Tool call {call.tool_call_id} is {call.state}, not unknown.")
-        if token is not None:
-            check_approval_token(call, token)
         extra = payloads.decision(action, by, note)
         closing = {
             "fields": _decided(by, note),

@@ -29,7 +29,9 @@ TOOLCALLS = reverse("admin:agentrun_toolcall_changelist")
 ALL_TOOLCALLS = TOOLCALLS + "?decision=all"
 RUNS = reverse("admin:agentrun_run_changelist")
 EVENTS = reverse("admin:agentrun_runevent_changelist")
-VIEW_PERMS = ["view_run", "view_toolcall", "view_runevent"]
+# Operators of the console: they see every run (tests/db/test_admin_parity.py walks the
+# scoping, users who see only their own runs).
+VIEW_PERMS = ["view_run", "view_toolcall", "view_runevent", "view_all_runs"]
 
 
 # --------------------------------------------------------------------------- fixtures
@@ -87,6 +89,22 @@ def action(client, url, name, objs, **extra):
     return client.post(url, data, follow=True)
 
 
+def confirmed(client, url, name, objs, **extra):
+    """A decision action through its confirmation page: the page, then its form posted back
+    with the tokens it carries (and `extra`, what the person typed)."""
+    page = action(client, url, name, objs)
+    assert page.status_code == 200 and 'id="agentrun-bulk-form"' in page.text, texts(page)
+    tokens = dict(re.findall(r'name="(token-\d+)" value="([^"]+)"', page.text))
+    data = {
+        "action": name,
+        "_selected_action": re.findall(r'name="_selected_action" value="(\d+)"', page.text),
+        "apply": "1",
+        **tokens,
+        **extra,
+    }
+    return client.post(url, data, follow=True)
+
+
 def snapshot(call):
     call.refresh_from_db()
     return (
@@ -114,9 +132,9 @@ def test_decisions__staff_without_permission_sees_but_cannot_decide(client, view
     assert page.status_code == 200
     assert "not decide on it" in page.text
     assert 'id="agentrun-approve-form"' not in page.text
+    assert "-token" not in page.text  # no token for who may not decide
     token = services.approval_token(call)
     assert "token" not in call.approval_payload  # never stored
-    assert 'name="approve-token"' not in page.text  # no token for who may not decide
 
     responses = [
         action(client, TOOLCALLS, "approve_selected", [call]),
@@ -126,7 +144,11 @@ def test_decisions__staff_without_permission_sees_but_cannot_decide(client, view
         client.post(
             call_url(call, "reject"), {"reject-token": token, "reject-reason": "no"}, follow=True
         ),
-        client.post(call_url(call, "resolve"), {"resolve-action": "fail"}, follow=True),
+        client.post(
+            call_url(call, "resolve"),
+            {"resolve-action": "fail", "resolve-token": token},
+            follow=True,
+        ),
     ]
     for response in responses:
         assert response.status_code == 200
@@ -192,13 +214,26 @@ def test_approve__on_the_page_then_the_run_completes(client, approver, parked):
 def test_approve__bulk_action(client, approver, parked):
     run, call, model = parked
     client.force_login(approver)
-    response = action(client, TOOLCALLS, "approve_selected", [call])
+    confirm = action(client, TOOLCALLS, "approve_selected", [call])
+    assert ToolCall.objects.get(pk=call.pk).state == ToolCallState.AWAITING_APPROVAL  # not yet
+    response = confirmed(client, TOOLCALLS, "approve_selected", [call])
     assert ("success", "Approved 1 tool call.") in texts(response)
     run.refresh_from_db()
     assert run.state == RunState.AWAITING_TOOL
-    # Rejecting it now is refused as an error message, not a 500.
+    # Rejecting it now with the confirmation page's token is refused: a message, not a 500.
+    token = re.search(r'name="token-\d+" value="([^"]+)"', confirm.text).group(1)
     events = RunEvent.objects.filter(run=run).count()
-    response = action(client, ALL_TOOLCALLS, "reject_selected", [call], apply="1", reason="late")
+    response = client.post(
+        ALL_TOOLCALLS,
+        {
+            "action": "reject_selected",
+            "_selected_action": [call.pk],
+            "apply": "1",
+            f"token-{call.pk}": token,
+            "reason": "late",
+        },
+        follow=True,
+    )
     assert response.status_code == 200
     assert errors(response) and "not awaiting approval" in errors(response)[0]
     assert RunEvent.objects.filter(run=run).count() == events
@@ -232,19 +267,10 @@ def test_reject__bulk_action_asks_for_a_reason(client, approver, parked):
     client.force_login(approver)
     confirm = action(client, TOOLCALLS, "reject_selected", [call])
     assert confirm.status_code == 200
-    assert "Rejected in admin by approver" in confirm.text  # the default reason, editable
+    assert "Rejected in admin by" not in confirm.text  # no reason until the person writes one
     assert ToolCall.objects.get(pk=call.pk).state == ToolCallState.AWAITING_APPROVAL
 
-    response = client.post(
-        TOOLCALLS,
-        {
-            "action": "reject_selected",
-            "_selected_action": [call.pk],
-            "apply": "1",
-            "reason": "too risky",
-        },
-        follow=True,
-    )
+    response = confirmed(client, TOOLCALLS, "reject_selected", [call], reason="too risky")
     assert ("success", "Rejected 1 tool call.") in texts(response)
     call.refresh_from_db()
     assert (call.state, call.is_error, call.decision_note) == (
@@ -344,7 +370,10 @@ def test_resolve_unknown__mark_done_on_the_page(client, approver, unknown):
 
     # "done" without a result is a form error; nothing changes.
     before = snapshot(call)
-    response = client.post(call_url(call, "resolve"), {"resolve-action": "done"})
+    token = services.approval_token(call)
+    response = client.post(
+        call_url(call, "resolve"), {"resolve-action": "done", "resolve-token": token}
+    )
     assert response.status_code == 200
     assert "needs the tool" in " ".join(response.context["form"].errors["result"])
     assert snapshot(call) == before
@@ -355,6 +384,7 @@ def test_resolve_unknown__mark_done_on_the_page(client, approver, unknown):
             "resolve-action": "done",
             "resolve-result": '{"charge_id": "ch_1"}',
             "resolve-note": "seen in Stripe",
+            "resolve-token": token,
         },
         follow=True,
     )
@@ -374,7 +404,12 @@ def test_resolve_unknown__mark_done_then_the_run_completes(client, approver, unk
     run, call, model = unknown
     client.force_login(approver)
     client.post(
-        call_url(call, "resolve"), {"resolve-action": "done", "resolve-result": "charged 500"}
+        call_url(call, "resolve"),
+        {
+            "resolve-action": "done",
+            "resolve-result": "charged 500",
+            "resolve-token": services.approval_token(call),
+        },
     )
     drive(run, model)
     assert run.state == RunState.COMPLETED
@@ -383,7 +418,7 @@ def test_resolve_unknown__mark_done_then_the_run_completes(client, approver, unk
 def test_resolve_unknown__retry_runs_it_once_more(client, approver, unknown):
     run, call, model = unknown
     client.force_login(approver)
-    response = action(client, TOOLCALLS, "retry_selected", [call])
+    response = confirmed(client, TOOLCALLS, "retry_selected", [call])
     assert ("success", "1 tool call will be retried.") in texts(response)
     call.refresh_from_db()
     assert call.state == ToolCallState.REQUESTED
@@ -401,16 +436,23 @@ def test_resolve_unknown__bulk_fail_and_done(client, approver, unknown):
     client.force_login(approver)
     confirm = action(client, TOOLCALLS, "mark_done", [call])
     assert confirm.status_code == 200 and 'name="result"' in confirm.text
-    response = client.post(
-        TOOLCALLS,
-        {"action": "mark_done", "_selected_action": [call.pk], "apply": "1", "result": "charged"},
-        follow=True,
-    )
+    response = confirmed(client, TOOLCALLS, "mark_done", [call], result="charged")
     assert ("success", "Marked 1 tool call done.") in texts(response)
     call.refresh_from_db()
     assert (call.state, call.result) == (ToolCallState.SUCCEEDED, "charged")
-    # Failing a closed call is an error message, not a 500.
-    response = action(client, ALL_TOOLCALLS, "fail_selected", [call])
+    # Failing a closed call is left out of the confirmation; posted anyway, a message.
+    page = action(client, ALL_TOOLCALLS, "fail_selected", [call])
+    assert "it is succeeded, not unknown" in page.text
+    response = client.post(
+        ALL_TOOLCALLS,
+        {
+            "action": "fail_selected",
+            "_selected_action": [call.pk],
+            "apply": "1",
+            f"token-{call.pk}": services.approval_token(call),
+        },
+        follow=True,
+    )
     assert response.status_code == 200
     assert errors(response) and "not unknown" in errors(response)[0]
 
@@ -418,7 +460,14 @@ def test_resolve_unknown__bulk_fail_and_done(client, approver, unknown):
 def test_resolve_unknown__fail_on_the_page(client, approver, unknown):
     _, call, _ = unknown
     client.force_login(approver)
-    client.post(call_url(call, "resolve"), {"resolve-action": "fail", "resolve-note": "declined"})
+    client.post(
+        call_url(call, "resolve"),
+        {
+            "resolve-action": "fail",
+            "resolve-note": "declined",
+            "resolve-token": services.approval_token(call),
+        },
+    )
     call.refresh_from_db()
     assert (call.state, call.is_error) == (ToolCallState.ERRORED, True)
     assert "declined" in call.result
@@ -533,7 +582,7 @@ def test_run_page__renders_the_timeline(client, viewer):
     for kind in ("run_created", "turn_started", "tool_call_started", "run_completed"):
         assert kind in page
     assert 'name="_save"' not in page  # view only
-    assert "Completed" in page
+    assert ">completed</span>" in page  # the state as the API spells it
 
 
 def test_run_changelist__columns_filters_search(client, viewer):
@@ -543,7 +592,7 @@ def test_run_changelist__columns_filters_search(client, viewer):
     client.force_login(viewer)
     listing = client.get(RUNS)
     assert listing.status_code == 200
-    assert "Queued" in listing.text and "carol" in listing.text
+    assert ">queued</span>" in listing.text and "carol" in listing.text
     for query in (str(run.pk), "corr-xyz", "carol"):
         response = client.get(RUNS, {"q": query})
         assert response.status_code == 200
@@ -569,6 +618,8 @@ def test_run_admin__read_only_and_superuser_delete(client, viewer, parked):
     admin = User.objects.create_superuser("root", password="pw")
     client.force_login(admin)
     delete = reverse("admin:agentrun_run_delete", args=[run.pk])
+    assert client.get(delete).status_code == 403  # active: cancel it first
+    services.cancel_run(run)
     confirm = client.get(delete)
     assert confirm.status_code == 200 and "Are you sure" in confirm.text
     client.post(delete, {"post": "yes"})

@@ -271,7 +271,9 @@ def test_events_endpoint__keeps_what_people_need(owner, history, django_assert_m
 
 @pytest.fixture
 def staff(db) -> User:
-    return factories.user("staff", "view_run", "view_toolcall", "view_runevent", is_staff=True)
+    return factories.user(
+        "staff", "view_run", "view_toolcall", "view_runevent", "view_all_runs", is_staff=True
+    )
 
 
 @pytest.fixture

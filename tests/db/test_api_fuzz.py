@@ -61,8 +61,9 @@ def world(db, monkeypatch):
     return {
         "runs": [str(c.run_id) for c in (to_approve, unknown, theirs)] + [str(done.pk)],
         "calls": [c.pk for c in (to_approve, to_reject, unknown, theirs)],
-        # One valid decision each, so their 200 responses are checked too.
+        # One valid decision (and fork) each, so their 2xx responses are checked too.
         "decisions": {
+            "fork": (str(done.pk), {"turn": 0}),
             "approve": (to_approve.pk, {"token": services.approval_token(to_approve)}),
             "reject": (
                 to_reject.pk,
@@ -118,7 +119,7 @@ def test_fuzz__no_server_error_and_every_response_as_documented(world, app):
     auth = {"Authorization": "Basic " + base64.b64encode(b"fuzzer:pw").decode()}
     schema = schemathesis.openapi.from_wsgi("/api/agentrun/schema/", app, headers=auth)
     operations = [result.ok() for result in schema.get_all_operations()]
-    assert len(operations) == 10
+    assert len(operations) == 11
     # Decisions before cancel and resume, which would close the calls they decide on.
     operations.sort(key=lambda op: "/tool-calls/" not in op.path)
 

@@ -81,6 +81,7 @@ def test_schema__this_api_only_and_valid(web):
         "/api/agentrun/runs/{id}/events/",
         "/api/agentrun/runs/{id}/cancel/",
         "/api/agentrun/runs/{id}/resume/",
+        "/api/agentrun/runs/{id}/fork/",
         "/api/agentrun/tool-calls/pending/",
         "/api/agentrun/tool-calls/{id}/approve/",
         "/api/agentrun/tool-calls/{id}/reject/",

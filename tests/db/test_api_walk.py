@@ -55,6 +55,7 @@ ENDPOINTS = [
     Endpoint("events", "get", "run", _run_url("events")),
     Endpoint("cancel", "post", "run", _run_url("cancel"), lambda ctx: {"reason": "x"}),
     Endpoint("resume", "post", "run", _run_url("resume"), lambda ctx: {}),
+    Endpoint("fork", "post", "run", _run_url("fork"), lambda ctx: {"turn": 0}),
     Endpoint("pending", "get", None, lambda _: reverse("agentrun:toolcall-pending")),
     Endpoint("approve", "post", "call", _call_url("approve"), lambda ctx: {"token": ctx["token"]}),
     Endpoint(
@@ -201,6 +202,7 @@ def test_owner__every_endpoint_answers(objects, owner_client):
         "detail": 200,
         "events": 200,
         "cancel": 200,
+        "fork": 201,
         "pending": 200,
         "schema": 200,
     }

@@ -66,10 +66,11 @@ def _raw(table: str, column: str, pk) -> object:
 
 def test_json__awkward_text_round_trips_and_is_stored_by_one_rule():
     value = {"k" + AWKWARD: [AWKWARD, 1, None, {"x": AWKWARD}]}
-    run = start_run("storage-agent", [{"type": "text", "text": AWKWARD}], metadata=value)
+    sendable = AWKWARD.replace("\udcff", "")  # input must travel as UTF-8: no lone surrogate
+    run = start_run("storage-agent", [{"type": "text", "text": sendable}], metadata=value)
     fresh = Run.objects.get(pk=run.pk)
     assert fresh.metadata == value
-    assert fresh.input == [{"type": "text", "text": AWKWARD}]
+    assert fresh.input == [{"type": "text", "text": sendable}]
     # The same stored form on SQLite and Postgres: every NUL, lone surrogate and escape
     # character as U+FDD0 + four hex digits; nothing else changes.
     stored = _raw(Run._meta.db_table, "metadata", run.pk.hex)
@@ -96,9 +97,10 @@ def test_tool_output_with_nul__recorded_faithfully_and_run_once():
     assert call.state == "succeeded"
     result = call.result if isinstance(call.result, dict) else json.loads(call.result)
     assert result["content"] == AWKWARD
-    # The model got it back as it was, in the next request.
+    # The model got it back in the next request, the undecodable byte (a lone surrogate,
+    # which UTF-8 cannot carry) as U+FFFD, the rest as it was.
     sent = client.requests[1].messages[-1]["content"][0]["content"]
-    assert json.loads(sent)["content"] == AWKWARD
+    assert json.loads(sent)["content"] == AWKWARD.replace("\udcff", "\ufffd")
 
 
 def test_unstorable_result__becomes_an_error_result_not_a_rerun():
@@ -140,12 +142,16 @@ def test_api__nul_and_surrogates_in_json_stored_faithfully_in_text_fields_400():
     api = APIClient()
     api.force_authenticate(user)
     runs = reverse("agentrun:run-list")
-    body = '{"agent": "storage-agent", "input": "a\\u0000b \\udcff", "metadata": {"k\\u0000": "v"}}'
+    body = '{"agent": "storage-agent", "input": "a\\u0000b", "metadata": {"k\\u0000": "\\udcff"}}'
     response = api.post(runs, body, content_type="application/json")
     assert response.status_code == 201, response.content
     run = Run.objects.get()
-    assert run.input == "a\x00b \udcff" and run.metadata == {"k\x00": "v"}
-    assert response.json()["input"] == "a\x00b \udcff"  # rendered back as it was
+    assert run.input == "a\x00b" and run.metadata == {"k\x00": "\udcff"}
+    assert response.json()["metadata"] == {"k\x00": "\udcff"}  # rendered back as it was
+    # Input the model could not be sent (a lone surrogate): refused.
+    body = '{"agent": "storage-agent", "input": "a \\udcff"}'
+    response = api.post(runs, body, content_type="application/json")
+    assert response.status_code == 400 and list(response.json()["errors"]) == ["input"]
     for field, value in (("correlation_id", "c\\u0000"), ("correlation_id", "\\udcff")):
         body = f'{{"agent": "storage-agent", "input": "x", "{field}": "{value}"}}'
         response = api.post(runs, body, content_type="application/json")

@@ -229,6 +229,8 @@ UNCHANGING = {
         "idempotency_key",
         "lease_epoch",
         "created_at",
+        "forked_from_id",
+        "forked_at_turn",
     },
 }
 

@@ -3,7 +3,9 @@
 Each run: turn 0 sends a message (non_idempotent, with a reconcile check), turn 1
 looks something up (read_only) and saves a note (idempotent_write), turn 2 answers.
 The failpoint fires the first time it is reached, in the first worker, which dies
-at once (os._exit, solo pool: the whole worker). Then the counters must hold.
+at once (os._exit, solo pool: the whole worker). Then the counters must hold. A forked
+run (services.fork_run, from turn 1 of a finished run) goes through the same matrix: it
+starts with turn 0 copied, so its message is never sent again.
 """
 
 from __future__ import annotations
@@ -12,11 +14,12 @@ import time
 
 import pytest
 
-from django_agentrun import start_run
+from django_agentrun import fork_run, start_run
 from django_agentrun.failpoints import POINTS
 from django_agentrun.recovery import reap
+from django_agentrun.testing import ScriptedClient, reply
 from django_agentrun.testing.messages_api import Reply, by_step, text, tool_use
-from tests.conftest import assert_projection_matches
+from tests.conftest import assert_projection_matches, drive, purge_queue
 from tests.processes import wait_resting
 from tests.testapp.agents import executions
 
@@ -39,6 +42,21 @@ def script():
                 ]
             ),
             Reply([text("All done.")]),
+        ]
+    )
+
+
+def scripted() -> ScriptedClient:
+    """The same three turns, for a run driven in this process."""
+    send = {"to": "ann@example.com", "body": "Hi"}
+    return ScriptedClient(
+        [
+            reply(text("Sending."), tool_use("send_message", send, id="toolu_send")),
+            reply(
+                tool_use("lookup", {"query": "order"}, id="toolu_look"),
+                tool_use("save_note", {"text": "n"}, id="toolu_note"),
+            ),
+            reply(text("All done.")),
         ]
     )
 
@@ -115,3 +133,40 @@ def test_non_idempotent_without_check__waits_for_a_person(workers, messages_api,
     time.sleep(1)
     assert len(executions("charge_card")) == 1
     assert_projection_matches(run)
+
+
+@pytest.mark.parametrize("point", sorted(POINTS) + SECOND_CALL)
+def test_crash_at__every_failpoint__forked_run(point, workers, messages_api, settings, queue):
+    settings.AGENTRUN_LEASE_SECONDS = 2
+    original = start_run("test-agent", "Tell Ann her order shipped.")
+    drive(original, scripted())  # in this process: the message is sent once, here
+    assert original.state == "completed" and len(executions("send_message")) == 1
+    purge_queue(queue)  # its own wake-ups, which no worker needs
+    messages_api.script = script()
+    first = workers.start(failpoints=f"{point}=crash", AGENTRUN_LEASE_SECONDS="2")
+    run = fork_run(original, at_turn=1)
+    code = workers.wait_exit(first, timeout=60)
+    assert code != 0, f"worker 1 should have crashed at {point}\n{workers.logs()}"
+    workers.start(AGENTRUN_LEASE_SECONDS="2")
+    finish(run)
+
+    assert run.state == "completed", (run.state, run.error_code, run.error_message, workers.logs())
+    assert_projection_matches(run)
+    assert not messages_api.script_errors
+    steps = messages_api.steps()
+    # Turn 0 is the original's: the model is asked from step 1 on, each step once (twice
+    # only when the crash came before its answer committed).
+    assert set(steps) == {1, 2}
+    twice = {s for s, n in steps.items() if n > 1}
+    assert twice == ({1} if point == "model.before_commit" else set())
+    sent = executions("send_message")
+    assert len(sent) == 1, sent  # never sent again by the fork
+    copied = run.tool_calls.get(tool_call_id="toolu_send")
+    assert copied.result == original.tool_calls.get(tool_call_id="toolu_send").result
+    assert copied.result_source == "executed" and sent[0]["key"] != copied.idempotency_key
+    for kind in ("lookup", "save_note"):
+        rows = [
+            r for r in executions(kind) if r["key"] == run.tool_calls.get(name=kind).idempotency_key
+        ]
+        assert 1 <= len(rows) <= 2, (kind, rows)
+    assert (run.turn_count, run.forked_from_id) == (3, original.pk)

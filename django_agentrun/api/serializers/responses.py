@@ -130,7 +130,7 @@ class PendingDecisionSerializer(serializers.ModelSerializer):
 
     @extend_schema_field(OpenApiTypes.STR)
     def get_description(self, call: ToolCall) -> str:
-        return (call.approval_payload or {}).get("description", "")
+        return services.tool_description(call)
 
     @extend_schema_field({"type": "string", "nullable": True})
     def get_token(self, call: ToolCall) -> str | None:
@@ -184,6 +184,8 @@ class RunSerializer(serializers.ModelSerializer):
             "error_code",
             "deadline",
             "cancel_requested_at",
+            "forked_from",
+            "forked_at_turn",
             "created_at",
             "updated_at",
             "started_at",

@@ -1,0 +1,241 @@
+"""Forking a run from one of its turns: a new queued run whose history is a copy of the
+original's turns before that one, each closed tool call with its recorded result (nothing
+is re-executed), so the engine asks the model again at that turn.
+
+The fork belongs to the original's owner, not to the person who forks it: the input and
+the conversation are the owner's, and a tool that acts on behalf of a run's owner must not
+start acting for whoever forked it. Who forked it is in its `run_created` event
+(`forked_by`). Its usage and cost start with the copied turns' (they are its conversation:
+the budget and `max_turns` see all of it, as they would had it run them itself).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from .. import wakeups
+from ..clients.base import USAGE_KEYS
+from ..engine.guards import cost_of
+from ..events import EventType, payloads
+from ..exceptions import InvalidInput, InvalidTransition
+from ..models import Run, RunEvent, ToolCall, Turn, idempotency_key_for
+from ..states import TurnState
+
+logger = logging.getLogger(__name__)
+
+TURN_CLOSED = (TurnState.COMPLETED, TurnState.CANCELLED, TurnState.FAILED)
+_TURN_ENDED = {
+    TurnState.COMPLETED: payloads.turn_completed,
+    TurnState.CANCELLED: payloads.turn_cancelled,
+    TurnState.FAILED: payloads.turn_failed,
+}
+
+
+class ForkRefused(InvalidTransition):
+    """This run cannot be forked at that turn."""
+
+
+@dataclass(frozen=True)
+class ForkPoint:
+    """Whether the model can be asked again at turn `turn`, with the history before it."""
+
+    turn: int
+    allowed: bool
+    reason: str = ""
+
+
+def fork_points(run: Run) -> list[ForkPoint]:
+    """Every turn of `run`, and whether a fork may start there (`reason` says why not)."""
+    turns = list(run.turns.order_by("index"))
+    calls: dict[int, list[ToolCall]] = {}
+    for call in run.tool_calls.order_by("turn_index", "position"):
+        calls.setdefault(call.turn_index, []).append(call)
+    points = [ForkPoint(0, True)]
+    still_open = ""
+    for turn in turns:
+        still_open = still_open or _open(turn, calls.get(turn.index, []))
+        reason = still_open or _ended(turn, calls.get(turn.index, []))
+        points.append(ForkPoint(turn.index + 1, not reason, reason))
+    return points
+
+
+def _open(turn: Turn, calls: list[ToolCall]) -> str:
+    """Why no fork may copy `turn`: it is open, or one of its calls has no result."""
+    open_calls = [c for c in calls if not c.is_closed]
+    if open_calls:
+        first = open_calls[0]
+        return (
+            f"turn {turn.index} has a tool call that is not closed ({first.name} "
+            f"{first.tool_call_id} is {first.state}); a fork would leave it without a result"
+        )
+    if turn.state not in TURN_CLOSED:
+        return f"turn {turn.index} is still {turn.state}"
+    return ""
+
+
+def _ended(turn: Turn, calls: list[ToolCall]) -> str:
+    """Why the model cannot be asked again right after `turn`: it answered for good."""
+    if turn.content and not calls and turn.stop_reason != "pause_turn":
+        return (
+            f"turn {turn.index} answered without asking for a tool (stop_reason "
+            f"{turn.stop_reason or 'none'}): the conversation ended there"
+        )
+    return ""
+
+
+def fork_run(run: Run | Any, *, at_turn: int, by: Any = None) -> Run:
+    """Start a new run that asks the model again at turn `at_turn` of `run`, with a copy
+    of the turns before it (their tool calls closed, with their recorded results).
+
+    The fork is queued with the original's agent, configuration snapshot, input, metadata
+    and owner, and linked to it (`forked_from`, `forked_at_turn`); a worker picks it up on
+    commit. InvalidInput for a turn the run does not have; ForkRefused when a turn before
+    `at_turn` is still open or has a tool call without a result, or when the conversation
+    ended before it.
+    """
+    if isinstance(at_turn, bool) or not isinstance(at_turn, int) or at_turn < 0:
+        raise InvalidInput("The turn to fork from must be a turn index (0 or more).")
+    with transaction.atomic():
+        # Serialises with a repair of the original's results (replace_tool_result).
+        original = Run.objects.select_for_update().get(pk=getattr(run, "pk", run))
+        points = fork_points(original)
+        if at_turn >= len(points):
+            last = len(points) - 1
+            raise InvalidInput(
+                f"Run {original.pk} has no turn {at_turn}: fork from a turn between 0 and {last}."
+            )
+        point = points[at_turn]
+        if not point.allowed:
+            raise ForkRefused(
+                f"Run {original.pk} cannot be forked at turn {at_turn}: {point.reason}."
+            )
+        fork = _copy(original, at_turn, by)
+        transaction.on_commit(lambda: wakeups.send(fork.pk))
+    logger.info(
+        "Run forked run_id=%s from=%s at_turn=%s by=%s",
+        fork.pk,
+        original.pk,
+        at_turn,
+        payloads.user_id(by),
+    )
+    return fork
+
+
+def _copy(original: Run, at_turn: int, by: Any) -> Run:
+    turns = list(original.turns.filter(index__lt=at_turn).order_by("index"))
+    calls = list(
+        original.tool_calls.filter(turn_index__lt=at_turn).order_by("turn_index", "position")
+    )
+    model = (original.config or {}).get("model", "")
+    costs = {t.index: cost_of(model, t.usage()) for t in turns}
+    limit = (original.config or {}).get("deadline_seconds")
+    now = timezone.now()
+    fork = Run(
+        agent=original.agent,
+        input=original.input,
+        config=original.config,
+        owner=original.owner,
+        metadata=original.metadata,
+        correlation_id=uuid.uuid4().hex,
+        # The agent's own time limit starts over; a one-off deadline stays with the original.
+        deadline=now + timedelta(seconds=limit) if limit else None,
+        forked_from=original,
+        forked_at_turn=at_turn,
+        turn_count=sum(1 for t in turns if t.content is not None),
+        cost_usd=sum(costs.values(), Decimal(0)),
+        **{key: sum(getattr(t, key) for t in turns) for key in USAGE_KEYS},
+    )
+    kind, payload = payloads.run_created(fork, fork.owner)
+    payload.update(
+        forked_from=str(original.pk), forked_at_turn=at_turn, forked_by=payloads.user_id(by)
+    )
+    events = [(kind, payload)]
+    copies = {t.index: _turn_copy(fork, t) for t in turns}
+    call_copies = [_call_copy(fork, copies[c.turn_index], c) for c in calls]
+    for turn in turns:
+        own = [c for c in call_copies if c.turn_index == turn.index]
+        events.extend(_turn_events(copies[turn.index], own, costs[turn.index]))
+    fork.last_seq = len(events)
+    fork.save(force_insert=True)
+    Turn.objects.bulk_create(copies.values())
+    ToolCall.objects.bulk_create(call_copies)
+    RunEvent.objects.bulk_create(
+        RunEvent(run=fork, seq=seq, type=kind, payload=payload, created_at=now)
+        for seq, (kind, payload) in enumerate(events, start=1)
+    )
+    return fork
+
+
+def _turn_copy(fork: Run, turn: Turn) -> Turn:
+    return Turn(
+        run=fork,
+        index=turn.index,
+        state=turn.state,
+        is_final=turn.is_final,
+        content=turn.content,
+        message_id=turn.message_id,
+        request_id=turn.request_id,
+        model=turn.model,
+        stop_reason=turn.stop_reason,
+        model_attempts=turn.model_attempts,
+        started_at=turn.started_at,
+        finished_at=turn.finished_at,
+        **turn.usage(),
+    )
+
+
+def _call_copy(fork: Run, turn: Turn, call: ToolCall) -> ToolCall:
+    return ToolCall(
+        run=fork,
+        turn=turn,
+        turn_index=call.turn_index,
+        tool_call_id=call.tool_call_id,
+        position=call.position,
+        name=call.name,
+        arguments=call.arguments,
+        arguments_hash=call.arguments_hash,
+        side_effect=call.side_effect,
+        idempotency_key=idempotency_key_for(fork.pk, call.tool_call_id),
+        state=call.state,
+        attempt=call.attempt,
+        started_at=call.started_at,
+        heartbeat_at=call.heartbeat_at,
+        finished_at=call.finished_at,
+        result=call.result,
+        result_format=call.result_format,
+        is_error=call.is_error,
+        result_source=call.result_source,
+        unknown_reason=call.unknown_reason,
+        approved=call.approved,
+        decided_by=call.decided_by,
+        decided_at=call.decided_at,
+        decision_note=call.decision_note,
+        original_arguments=call.original_arguments,
+        created_at=call.created_at,
+    )
+
+
+def _turn_events(turn: Turn, calls: list[ToolCall], cost: Decimal) -> list[payloads.Event]:
+    """The events that describe a copied turn as the engine's describe a turn it runs:
+    started, answered, its calls requested and closed, ended (the projection rebuilds it)."""
+    kind, started = payloads.turn_started(turn)
+    events: list[payloads.Event] = [(kind, {**started, "turn_state": TurnState.RUNNING})]
+    if turn.content is not None or any(turn.usage().values()):
+        kind, answer = payloads.model_response(turn, turn, turn.content or [], turn.usage(), cost)
+        if turn.content is None:
+            answer["discarded"] = True  # paid for, never part of the conversation
+        elif calls:
+            answer["turn_state"] = TurnState.AWAITING_TOOL
+        events.append((kind, answer))
+    events.extend(payloads.tool_call_requested(call) for call in calls)
+    events.extend(payloads.call_result(call, kind=EventType.TOOL_CALL_FINISHED) for call in calls)
+    events.append(_TURN_ENDED[turn.state](turn))
+    return events
