@@ -166,6 +166,7 @@ def test_console__what_each_operator_sees_and_may_decide(console, codenames, see
         assert any("doesn’t exist" in m or "doesn't exist" in m for m in console.messages())
 
 
+@pytest.mark.no_projection_check  # the input is rewritten in the row, not in its events
 def test_console__pages_fit_whatever_a_run_holds(console):
     """At 1,400 px with the sidebar open, nothing is wider than the window: long unbroken
     values, HTML, lone surrogates and a 2 MB input included."""
@@ -180,10 +181,13 @@ def test_console__pages_fit_whatever_a_run_holds(console):
         ]
     )
     owner = factories.user("a-customer-with-a-rather-long-username")
-    run = start_run(
-        "test-agent", [{"type": "text", "text": "A" * 2_000_000 + "\x00\udcff"}], owner=owner
-    )
+    run = start_run("test-agent", [{"type": "text", "text": "A" * 2_000_000 + "\x00"}], owner=owner)
     drive(run, model)
+    # A lone surrogate in the input, as an earlier release could store it (start_run now
+    # refuses input the model could not be sent).
+    Run.objects.filter(pk=run.pk).update(
+        input=[{"type": "text", "text": "A" * 2_000_000 + "\x00\udcff"}]
+    )
     call = run.tool_calls.get()
     page = console.login("olga")
     for path in (change(run), change(call), QUEUE, RUNS, "/admin/agentrun/runevent/"):
