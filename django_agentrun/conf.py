@@ -41,6 +41,10 @@ DEFAULTS: dict[str, Any] = {
     # back to the queue, so that runs share the workers fairly.
     "TURNS_PER_TASK": 10,
     "TASK_SECONDS": 30.0,
+    # Send the engine's fixed statements as prepared statements (parsed and planned once per
+    # database connection). Off for PgBouncer in transaction pooling mode without
+    # max_prepared_statements.
+    "PREPARED_STATEMENTS": True,
     # Rows the reaper handles per batch.
     "REAPER_BATCH_SIZE": 100,
     # After this many crash recoveries the run fails with recovery_exhausted.
