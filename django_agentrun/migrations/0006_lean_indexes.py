@@ -5,19 +5,6 @@ from django.conf import settings
 from django.db import migrations, models
 
 
-def _toast_early(apps, schema_editor):
-    """On Postgres, move a run's JSON (its configuration snapshot, input, output) out of the
-    row once the row passes 128 bytes: the row is rewritten at every commit of its advance,
-    and a value stored apart is not written again when it does not change."""
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute('ALTER TABLE "agentrun_run" SET (toast_tuple_target = 128)')
-
-
-def _toast_default(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute('ALTER TABLE "agentrun_run" RESET (toast_tuple_target)')
-
-
 class Migration(migrations.Migration):
     dependencies = [
         ("agentrun", "0005_run_forked_from"),
@@ -116,5 +103,4 @@ class Migration(migrations.Migration):
                 name="agentrun_toolcall_decider_idx",
             ),
         ),
-        migrations.RunPython(_toast_early, _toast_default),
     ]
