@@ -183,14 +183,13 @@ def _prepare_floor() -> None:
 
 def run(quick: bool) -> None:
     from django.db import connection
+    from django.test.utils import override_settings
 
     from django_agentrun import start_run
     from django_agentrun.engine import Outcome, advance
     from django_agentrun.models import Run
 
     from .clients import BenchClient
-
-    from django.test.utils import override_settings
 
     section("1. Engine per turn, a task per turn (in-process, zero-latency model, heartbeat off)")
     with override_settings(AGENTRUN_TURNS_PER_TASK=1):
