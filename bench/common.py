@@ -119,8 +119,10 @@ _TX_CONTROL = ("SAVEPOINT", "RELEASE SAVEPOINT", "ROLLBACK TO SAVEPOINT")
 
 def _is_write(sql: str) -> bool:
     head = sql.lstrip().upper()
+    if head.startswith("EXECUTE AGENTRUN_WRITE"):  # the engine's write, prepared (store/sql.py)
+        return True
     if head.startswith("WITH"):  # data-modifying CTEs (the engine's combined writes)
-        return any(f"({verb} " in head for verb in _WRITES)
+        return any(f"({verb} " in " ".join(head.split()) for verb in _WRITES)
     return head.startswith(_WRITES) or " FOR UPDATE" in head or " FOR NO KEY UPDATE" in head
 
 
