@@ -19,7 +19,14 @@ from ..failpoints import failpoint
 from ..models import Turn
 from ..states import ToolCallState, TurnState
 from . import endings, guards
-from .history import TurnRecord, build_messages, model_failure, sanitize_content
+from .history import (
+    TurnRecord,
+    add_user,
+    build_messages,
+    model_failure,
+    sanitize_content,
+    user_message,
+)
 from .intents import intents
 from .step import Commit, Step, Then
 
@@ -52,13 +59,17 @@ def request(step: Step, turn: Turn) -> ModelRequest:
     system: list[dict[str, Any]] = []
     if config.get("system"):
         system.append({"type": "text", "text": config["system"]})
+    run = step.run
+    messages = build_messages(run.input, _records(step), context=run.context, earlier=step.earlier)
     tool_choice = None
     if turn.is_final:
-        system.append({"type": "text", "text": guards.FINAL_TURN_NOTICE})
+        # In the last user message, never in the system prompt: the system prompt (and the
+        # tools) must be what they were when any thinking block of the history was made.
+        add_user(messages, user_message(guards.FINAL_TURN_NOTICE))
         tool_choice = {"type": "none"} if config.get("tools") else None
     return ModelRequest(
         model=config["model"],
-        messages=build_messages(step.run.input, _records(step)),
+        messages=messages,
         max_tokens=config.get("max_tokens") or agentrun_settings.DEFAULT_MAX_TOKENS,
         system=system,
         tools=list(config.get("tools") or []),
