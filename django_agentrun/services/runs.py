@@ -136,10 +136,10 @@ def start_run(
 
 def _existing_run(owner: Any, key: str, agent: str, input: Any) -> Run | None:
     run = Run.objects.filter(owner=owner, idempotency_key=key).first()
-    if run is not None and (run.agent != agent or run.input != input):
+    if run is not None and (run.agent != agent or run.input != input or run.conversation_id):
         raise IdempotencyConflict(
             f"Idempotency key {key!r} was used for another run ({run.pk}) with a different "
-            "agent or input."
+            "agent or input, or in a conversation."
         )
     return run
 

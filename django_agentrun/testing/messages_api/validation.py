@@ -315,7 +315,7 @@ def validate_request(body: Any) -> None:
 
     # Thinking blocks come back unchanged, under the system prompt and tools they were made
     # under (thinking.py): a changed block or prefix is refused.
-    for i, (role, blocks) in enumerate(parsed):
+    for i, (_role, blocks) in enumerate(parsed):
         for j, block in enumerate(blocks):
             if block["type"] in ("thinking", "redacted_thinking") and not thinking.valid(
                 body, block
