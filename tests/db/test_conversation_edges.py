@@ -61,9 +61,7 @@ THINKING_SCRIPT = {
 # --------------------------------------------------------------------------- thinking
 
 
-def test_thinking__blocks_go_back_unchanged_across_the_runs_of_a_conversation(
-    messages_api, claude
-):
+def test_thinking__blocks_go_back_unchanged_across_the_runs_of_a_conversation(messages_api, claude):
     messages_api.script = by_message(THINKING_SCRIPT)
     conversation = start_conversation("chat")
     first = send_message(conversation, "Think.")
@@ -107,9 +105,7 @@ def test_thinking__a_system_prompt_changed_mid_conversation_is_refused_with_the_
     )
 
 
-def test_thinking__the_final_turn_notice_is_not_in_the_system_prompt(
-    messages_api, claude, brief
-):
+def test_thinking__the_final_turn_notice_is_not_in_the_system_prompt(messages_api, claude, brief):
     messages_api.script = by_message(THINKING_SCRIPT)
     conversation = start_conversation(brief)
     first = send_message(conversation, "Think.")
