@@ -67,6 +67,7 @@ class ConversationRunSerializer(RunSerializer):
 
     class Meta(RunSerializer.Meta):
         fields = [*RunSerializer.Meta.fields, "input", "context", "output", "error_message"]
+        # (the run detail, /runs/{id}/, has its turns and tool calls)
         read_only_fields = fields
 
 

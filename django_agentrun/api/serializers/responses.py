@@ -211,6 +211,7 @@ class RunDetailSerializer(RunSerializer):
             "model",
             "idempotency_key",
             "input",
+            "context",
             "output",
             "error_message",
             "failure_phase",
