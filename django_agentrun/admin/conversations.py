@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
-from django.db.models import QuerySet
+from django.db.models import Count, QuerySet
 from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
@@ -48,7 +48,8 @@ class ConversationAdmin(admin.ModelAdmin):
     readonly_fields = fields
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Conversation]:
-        return Conversation.objects.visible_to(request.user).with_status()
+        runs = Count("runs")  # one query for the list, not one per row
+        return Conversation.objects.visible_to(request.user).with_status().annotate(run_total=runs)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # services.start_conversation
@@ -75,9 +76,9 @@ class ConversationAdmin(admin.ModelAdmin):
             status,
         )
 
-    @admin.display(description=_("runs"))
+    @admin.display(description=_("runs"), ordering="run_total")
     def runs_count(self, obj: Conversation) -> int:
-        return obj.runs.count()
+        return obj.run_total
 
     @admin.display(description=_("created"), ordering="created_at")
     def created(self, obj: Conversation) -> str:

@@ -235,3 +235,15 @@ def test_bad_ids_and_queries__404_and_400(conversation, alice):
         str(conversation.pk)
     ]
     assert client.get(LIST, {"agent": "other"}).json()["results"] == []
+
+
+def test_list__one_query_for_the_page_whatever_its_length(alice, django_assert_max_num_queries):
+    for n in range(6):
+        conversation = start_conversation("chat", owner=alice)
+        for m in range(n % 3):
+            send_message(conversation, f"Message {m}.")
+    client = login(alice)
+    # Session, user, permissions (user, group), the page with its statuses.
+    with django_assert_max_num_queries(5):
+        page = client.get(LIST).json()["results"]
+    assert [c["status"] for c in page] == ["busy", "busy", "idle"] * 2
