@@ -88,13 +88,13 @@ def assert_valid(api) -> None:
 def test_one_idempotency_key__two_concurrent_requests_make_one_run(postgres, monkeypatch):
     owner = factories.user("ann")
     conversation = start_conversation("chat", owner=owner)
-    slow = conversations._new_run
+    looked_up = conversations.get_agent
 
-    def creating_slowly(*args, **kwargs):
-        time.sleep(0.3)  # the other request arrives meanwhile
-        return slow(*args, **kwargs)
+    def slowly(*args, **kwargs):
+        time.sleep(0.3)  # under the conversation's lock: the other request arrives meanwhile
+        return looked_up(*args, **kwargs)
 
-    monkeypatch.setattr(conversations, "_new_run", creating_slowly)
+    monkeypatch.setattr(conversations, "get_agent", slowly)
     url = reverse("agentrun:conversation-messages", args=[conversation.pk])
 
     def post(i):

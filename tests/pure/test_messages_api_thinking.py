@@ -67,11 +67,11 @@ def refusal(body: dict[str, Any]) -> str:
 
 
 def test_thinking__sent_back_unchanged_under_the_same_prefix_is_accepted():
-    validate_request(request(history(ANSWER)))
+    assert validate_request(request(history(ANSWER))) is None
     # Cache breakpoints are not part of the prefix; a string system prompt equals its block.
     marked = [{**SYSTEM[0], "cache_control": {"type": "ephemeral"}}]
-    validate_request(request(history(ANSWER), system=marked))
-    validate_request(request(history(ANSWER), system="You are terse."))
+    assert validate_request(request(history(ANSWER), system=marked)) is None
+    assert validate_request(request(history(ANSWER), system="You are terse.")) is None
 
 
 @pytest.mark.parametrize(
