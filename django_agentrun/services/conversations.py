@@ -101,7 +101,9 @@ def send_message(
     check_text(context, "The context")
     check_text(idempotency_key, "The idempotency key")
     metadata = _metadata(metadata)
-    context = context or ""
+    chosen = _policy(policy) if policy is not None else None
+    # A blank text block is refused by the API: blank context is no context.
+    context = context if context and context.strip() else ""
     with transaction.atomic():
         # Serialises the messages of one conversation: positions, policies and keys.
         conversation = Conversation.objects.select_for_update().get(
@@ -111,7 +113,7 @@ def send_message(
             existing = _existing(conversation, idempotency_key, input, context)
             if existing is not None:
                 return existing
-        chosen = _policy(policy) if policy is not None else conversation.policy
+        chosen = chosen or conversation.policy
         get_agent(conversation.agent)  # its tools must still be there to run
         active = list(
             conversation.runs.filter(state__in=RUN_ACTIVE)

@@ -440,3 +440,16 @@ def test_bad_input__refused_before_anything_is_written():
     with pytest.raises(InvalidInput, match="Unknown policy"):
         start_conversation("chat", policy="whenever")
     assert Run.objects.count() == 0
+    send_message(conversation, "hi", idempotency_key="k")
+    with pytest.raises(InvalidInput, match="Unknown policy"):  # even when the key is known
+        send_message(conversation, "hi", idempotency_key="k", policy="later")
+
+
+def test_blank_context__is_no_context(messages_api, claude):
+    messages_api.script = by_message({"Hi.": [Reply("Hello.")]})
+    run = send_message(start_conversation("chat"), "Hi.", context=" \n ")
+    drive(run, claude)
+    assert run.context == "" and messages_api.bodies[-1]["messages"] == [
+        {"role": "user", "content": "Hi."}
+    ]
+    assert_accepted(messages_api)
