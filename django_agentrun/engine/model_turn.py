@@ -161,10 +161,11 @@ def record(step: Step, turn: Turn, response: ModelResponse, retries: int) -> Com
     # Usage is counted here, once per recorded response.
     write.count(**usage, cost_usd=cost, turn_count=1)
     ids = [b.get("id") for b in blocks]
-    earlier = {c.tool_call_id for c in step.all_calls()}
+    earlier = {c.tool_call_id for c in step.all_calls()} | step.earlier_ids
     if not all(ids) or len(set(ids)) != len(ids) or earlier.intersection(ids):
         # Unanswerable: results could not be matched to calls, and the API would refuse
-        # this content in the history. Keep it in the event only and stop here.
+        # this content in the history (ids are unique across a conversation's runs too).
+        # Keep it in the event only and stop here.
         event[1]["discarded"] = True
         transitions.answer_turn(write, turn, answer, event, [], discarded=True)
         return endings.fail(

@@ -107,6 +107,7 @@ class Step:
         self.turns_done = 0  # turns this task closed
         self.records: dict[int, Any] = {}  # closed turns as the request shows them (model_turn)
         self.earlier: list[Segment] = []  # what the conversation's earlier runs contribute
+        self.earlier_ids: set[str] = set()  # their tool_use ids (unique in a history)
         self.began = time.monotonic()
 
     # -- reading -------------------------------------------------------------------------
@@ -144,6 +145,7 @@ class Step:
             ]
             turns.setdefault(turn.run_id, []).append(TurnRecord(turn.index, turn.content, results))
         self.earlier = [Segment(r.input, r.context, turns.get(r.pk, [])) for r in earlier.runs]
+        self.earlier_ids = {c.tool_call_id for c in earlier.calls}
 
     def calls_of(self, turn: Turn) -> list[ToolCall]:
         return self._calls.get(turn.index, [])

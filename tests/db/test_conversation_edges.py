@@ -225,3 +225,25 @@ def test_reaper__leaves_a_held_back_follow_up_alone_until_nothing_holds_it(
         (str(held.pk), "not_picked_up", True)
     ]
     assert RunEvent.objects.filter(run=held, type="reaper_requeued").count() == 1
+
+
+def test_tool_use_ids__reused_from_an_earlier_run_are_refused_and_kept_out(messages_api, claude):
+    """tool_use ids are unique in a history, across runs too: an answer reusing one is
+    recorded (and paid for) but never enters the conversation, which stays valid."""
+    messages_api.script = by_message(
+        {
+            "One.": [Reply([tool_use("lookup", {"query": "a"}, id="toolu_same")]), Reply("1")],
+            "Two.": [Reply([tool_use("lookup", {"query": "b"}, id="toolu_same")])],
+            "Three.": [Reply("3")],
+        }
+    )
+    conversation = start_conversation("chat")
+    drive(send_message(conversation, "One."), claude)
+    second = send_message(conversation, "Two.")
+    drive(second, claude)
+    assert (second.state, second.error_code) == ("failed", "invalid_model_output")
+    assert second.tool_calls.count() == 0
+    third = send_message(conversation, "Three.")
+    drive(third, claude)
+    assert third.state == "completed"
+    assert statuses(messages_api) == [200, 200, 200, 200]
