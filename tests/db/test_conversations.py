@@ -453,3 +453,26 @@ def test_blank_context__is_no_context(messages_api, claude):
         {"role": "user", "content": "Hi."}
     ]
     assert_accepted(messages_api)
+
+
+def test_storage__each_message_stores_its_own_run_only(messages_api, claude):
+    """The history is read from the earlier rows: what a run stores (its rows and events)
+    stays flat as the conversation grows, while what it sends grows."""
+    said = [f"Message {n}." for n in range(8)]
+    messages_api.script = by_message(
+        {m: [Reply([tool_use("lookup", {"query": m})]), Reply(f"Answer to {m}")] for m in said}
+    )
+    conversation = start_conversation("chat")
+    stored, sent = [], []
+    for message in said:
+        run = send_message(conversation, message)
+        drive(run, claude)
+        assert run.state == "completed"
+        rows = [e.payload for e in RunEvent.objects.filter(run=run)]
+        rows += list(run.turns.values_list("content", flat=True))
+        rows += list(run.tool_calls.values_list("arguments", "result"))
+        stored.append(len(json.dumps(rows)))
+        sent.append(len(json.dumps(messages_api.bodies[-1]["messages"])))
+    assert max(stored[1:]) <= 1.1 * min(stored[1:]), stored  # flat (ids, times aside)
+    assert sent[-1] > 5 * sent[0], sent  # the history it sends grows
+    assert_accepted(messages_api)
