@@ -247,3 +247,17 @@ def test_list__one_query_for_the_page_whatever_its_length(alice, django_assert_m
     with django_assert_max_num_queries(5):
         page = client.get(LIST).json()["results"]
     assert [c["status"] for c in page] == ["busy", "busy", "idle"] * 2
+
+
+def test_messages__to_a_conversation_whose_agent_is_gone_400(alice):
+    from django_agentrun import Agent
+    from django_agentrun.agents import unregister_agent
+
+    Agent(name="gone", system="Soon gone.")
+    conversation = start_conversation("gone", owner=alice)
+    unregister_agent("gone")
+    response = login(alice).post(
+        messages(conversation.pk), {"input": "Hi."}, content_type="application/json"
+    )
+    assert_api_error(response, 400, "unknown_agent")
+    assert conversation.runs.count() == 0

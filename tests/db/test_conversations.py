@@ -332,6 +332,25 @@ def test_rollback__while_a_tool_runs(messages_api, claude):
     assert_accepted(messages_api)
 
 
+def test_enqueue__while_a_tool_runs_the_run_finishes_first(messages_api, claude):
+    script = _during_script("Do two things.", "Then this.")
+    script["Do two things."].append(Reply("Both done."))
+    messages_api.script = by_message(script)
+    conversation = start_conversation("chat")
+    sent: list[Run] = []
+    DURING["message"] = lambda: sent.append(send_message(conversation, "Then this."))
+    first = drive_to_rest(send_message(conversation, "Do two things."), claude)
+    assert first.state == "completed"  # not disturbed: both calls ran
+    assert [c.state for c in first.tool_calls.order_by("position")] == ["succeeded"] * 2
+    drive(sent[0], claude)
+    assert sent[0].state == "completed"
+    assert [texts(m["content"]) for m in last_messages(messages_api)][-2:] == [
+        ["Both done."],
+        ["Then this."],
+    ]
+    assert_accepted(messages_api)
+
+
 def test_interrupt__also_cancels_the_queued_follow_ups(messages_api, claude):
     messages_api.script = by_message({"Three.": [Reply("Answering three.")]})
     conversation = start_conversation("chat")
