@@ -26,7 +26,10 @@ __all__ = [
     "replace_tool_result",
     "resolve_tool_call",
     "resume_run",
+    "send_message",
+    "start_conversation",
     "start_run",
+    "stop_conversation",
     "tool",
 ]
 
@@ -47,6 +50,9 @@ _LAZY = {
     "reject_tool_call": "services",
     "resolve_tool_call": "services",
     "replace_tool_result": "services",
+    "start_conversation": "services",
+    "send_message": "services",
+    "stop_conversation": "services",
 }
 
 if TYPE_CHECKING:
@@ -61,7 +67,10 @@ if TYPE_CHECKING:
         replace_tool_result,
         resolve_tool_call,
         resume_run,
+        send_message,
+        start_conversation,
         start_run,
+        stop_conversation,
     )
     from .states import SideEffect
     from .tools import Reconciliation, ToolContext, tool

@@ -100,3 +100,9 @@ class InvalidContent(InvalidInput):
     """These content blocks are not what the Messages API accepts."""
 
     code = "invalid_content"
+
+
+class ConversationBusy(InvalidTransition):
+    """A run of this conversation is active, and the message's policy is `reject`."""
+
+    code = "conversation_busy"

@@ -135,8 +135,10 @@ def reap(
 
 def _unclaimed_since(base, before: datetime):
     """Runs waiting for a worker since before `before`: queued, or released (a wake-up
-    was sent when the lease was given back)."""
-    return base.queued_stale(before) | base.leased().filter(
+    was sent when the lease was given back). A run of a conversation that an earlier run
+    holds back is not waiting for a worker (its claim would refuse it): the transition that
+    ends the earlier run wakes it, and once nothing holds it back it is found here."""
+    return base.queued_stale(before).startable() | base.leased().filter(
         lease_owner="", lease_expires_at__lt=before
     )
 

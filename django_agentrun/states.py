@@ -86,6 +86,38 @@ class SideEffect(models.TextChoices):
     """Writes only through the ORM, inside the transaction that records its result."""
 
 
+class ConversationPolicy(models.TextChoices):
+    """What becomes of a message sent while a run of its conversation is active (LangGraph's
+    names for its multitask strategies)."""
+
+    REJECT = "reject", "Reject"
+    """Refused (the API's 409 `conversation_busy`)."""
+    ENQUEUE = "enqueue", "Enqueue"
+    """The new run starts once every earlier run of the conversation has ended (a run that
+    waits for a person has not: its history has a tool_use without a result)."""
+    INTERRUPT = "interrupt", "Interrupt"
+    """The active runs are cancelled as `cancel_run` cancels them (closed calls keep their
+    results, open ones get cancelled results); the new run starts on that history."""
+    ROLLBACK = "rollback", "Roll back"
+    """As interrupt, and the interrupted runs are left out of the history from then on
+    (their side effects stay recorded in their events)."""
+
+
+class ConversationStatus(models.TextChoices):
+    """What a conversation is doing, derived from its runs (for a frontend to show)."""
+
+    IDLE = "idle", "Idle"
+    """No run is active; the last one completed (or there is none yet)."""
+    BUSY = "busy", "Busy"
+    """A run is queued or advancing."""
+    WAITING = "waiting", "Waiting for a person"
+    """A run waits for an approval or for a person to settle an unknown tool outcome."""
+    INTERRUPTED = "interrupted", "Interrupted"
+    """No run is active; the last one was cancelled (stopped, interrupted) or timed out."""
+    FAILED = "failed", "Failed"
+    """No run is active; the last one failed."""
+
+
 _R = RunState
 # Active states: a deadline may end them.
 RUN_ACTIVE = frozenset({_R.QUEUED, _R.RUNNING, _R.AWAITING_TOOL, _R.AWAITING_APPROVAL})

@@ -22,7 +22,7 @@ from .models import Run, ToolCall, Turn
 from .moves import move
 from .outcomes import Outcome, call_key
 from .states import ResultSource, RunState, ToolCallState, TurnState
-from .store import Write, database_now
+from .store import Write, database_now, following_runs
 
 TURN_CLOSED = (TurnState.COMPLETED, TurnState.CANCELLED, TurnState.FAILED)
 
@@ -40,6 +40,13 @@ def wake(write: Write, run_id: Any) -> None:
 
 def signal_after(write: Write, signal: Any, **kwargs: Any) -> None:
     write.then(lambda: signal.send(sender=Run, **kwargs))
+
+
+def _ended(write: Write, run: Run) -> None:
+    """After the commit: run_finished, and the next queued run of its conversation woken."""
+    signal_after(write, signals.run_finished, run=run, state=run.state)
+    if run.conversation_id is not None:
+        write.then(lambda: [wakeups.send(pk) for pk in following_runs(run)])
 
 
 def _move_run(write: Write, run: Run, target: str) -> str:
@@ -294,7 +301,7 @@ def complete_run(write: Write, run: Run, stop_reason: str, output: dict[str, Any
     write.record(payloads.run_completed(run, stop_reason, output, totals))
     release(write)
     write.set_run(output=output, stop_reason=stop_reason, finished_at=timezone.now())
-    signal_after(write, signals.run_finished, run=run, state=run.state)
+    _ended(write, run)
 
 
 def fail_run(
@@ -321,7 +328,7 @@ def fail_run(
         last_checkpoint=checkpoint,
         finished_at=timezone.now(),
     )
-    signal_after(write, signals.run_finished, run=run, state=run.state)
+    _ended(write, run)
 
 
 def stop_run(
@@ -347,7 +354,7 @@ def stop_run(
     write.record(payloads.run_closed(run, reason))
     release(write)
     write.set_run(stop_reason=target, finished_at=timezone.now())
-    signal_after(write, signals.run_finished, run=run, state=run.state)
+    _ended(write, run)
 
 
 def request_cancel(write: Write, run: Run, by: Any, reason: str) -> None:
@@ -358,6 +365,12 @@ def request_cancel(write: Write, run: Run, by: Any, reason: str) -> None:
         cancel_requested_by=by if getattr(by, "pk", None) else None,
     )
     write.record(payloads.cancel_requested(by, reason))
+
+
+def roll_back(write: Write, run: Run, by: Any, next_run: Any) -> None:
+    """A later message of its conversation rolls `run` back: its turns leave the history."""
+    write.set_run(rolled_back=True)
+    write.record(payloads.run_rolled_back(by, next_run))
 
 
 def park(write: Write, run: Run) -> None:

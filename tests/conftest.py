@@ -20,7 +20,7 @@ from django.db import connection
 
 from django_agentrun.clients import reset_model_client_cache
 from django_agentrun.engine.projection import project
-from django_agentrun.models import Run, RunEvent
+from django_agentrun.models import Conversation, Run, RunEvent
 from django_agentrun.testing.messages_api import MessagesAPIServer
 
 TIERS = ("pure", "db", "postgres", "workers", "browser")
@@ -163,6 +163,8 @@ def _every_run_projects(request):
     yield
     for run in Run.objects.all():
         assert_projection_matches(run)
+    for conversation in Conversation.objects.all():
+        assert_conversation_projection_matches(conversation)
 
 
 def drive(run: Run, client, limit: int = 30) -> list[str]:
@@ -221,4 +223,37 @@ def assert_projection_matches(run: Run) -> None:
         )
         for t in turns
     ]
-    assert proj.messages == build_messages(run.input, records)
+    assert proj.messages == build_messages(run.input, records, context=run.context)
+    assert (proj.conversation, proj.position, proj.context, proj.rolled_back) == (
+        str(run.conversation_id) if run.conversation_id else None,
+        run.conversation_position,
+        run.context,
+        run.rolled_back,
+    )
+
+
+def conversation_history(run: Run) -> list[dict]:
+    """The history a run of a conversation sends when it starts, built from the rows the
+    way the engine builds it (the earlier runs read at its claim, then its input)."""
+    from django_agentrun import store
+    from django_agentrun.engine.history import build_messages
+    from django_agentrun.engine.step import Step
+
+    step = Step(run.pk, "test", None, None)
+    step.load_earlier(store.earlier_history(run))
+    return build_messages(run.input, [], context=run.context, earlier=step.earlier)
+
+
+def assert_conversation_projection_matches(conversation) -> None:
+    """Every run of the conversation (but a rolled-back one) starts from the history the
+    events of the runs up to it rebuild (projection.project_conversation)."""
+    from django_agentrun.engine.projection import project_conversation
+
+    runs = list(conversation.runs.order_by("conversation_position"))
+    events = {r.pk: list(RunEvent.objects.filter(run=r).order_by("seq")) for r in runs}
+    for n, run in enumerate(runs):
+        if run.rolled_back:
+            continue
+        upto = [events[r.pk] for r in runs[:n]]
+        mine = [e for e in events[run.pk] if e.type == "run_created"]
+        assert project_conversation([*upto, mine]) == conversation_history(run), run.pk

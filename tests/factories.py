@@ -135,3 +135,25 @@ def conversation(owner=None) -> tuple[Run, ScriptedClient]:
     drive(run, model)
     assert (run.state, run.turns.count()) == (RunState.COMPLETED, 4)
     return run, model
+
+
+def by_message(replies: dict[str, list]):
+    """A Messages API stand-in script for conversations: the replies to each message (by its
+    input text), one per turn of the run that answers it. A request is for the newest user
+    message holding one of those texts, and for the turn counted by the assistant messages
+    after it (step counts of the whole history move when a rollback removes turns)."""
+
+    def script(body: dict):
+        messages = body["messages"]
+        for i in range(len(messages) - 1, -1, -1):
+            content = messages[i]["content"]
+            if messages[i]["role"] != "user":
+                continue
+            texts = [content] if isinstance(content, str) else [b.get("text") for b in content]
+            key = next((t for t in reversed(texts) if t in replies), None)
+            if key is not None:
+                turn = sum(1 for m in messages[i + 1 :] if m["role"] == "assistant")
+                return replies[key][turn]
+        raise AssertionError(f"no scripted message in {messages!r}")
+
+    return script

@@ -12,17 +12,19 @@ Where things are: `display` (badges, printable and folded values, dates), `visib
 (the whole of a folded value), `actions` (run list actions and the plumbing they share),
 `bulk` (decisions on several calls, through a confirmation page), `forms`, `forks`,
 `runs` (RunAdmin), `toolcalls` and `decisions` (ToolCallAdmin and its decision views),
-`events` (RunEventAdmin). Django's autodiscovery imports this package, which registers them.
+`events` (RunEventAdmin), `conversations` (ConversationAdmin: a conversation's runs in
+order). Django's autodiscovery imports this package, which registers them.
 """
 
 from __future__ import annotations
 
 from django.contrib import admin
 
-from ..models import Run, RunEvent, ToolCall
+from ..models import Conversation, Run, RunEvent, ToolCall
 from ..permissions import APPROVE_PERMISSION, CANCEL_PERMISSION
 from .actions import MAX_LISTED_ERRORS
 from .bulk import BULK_MAX_ARGUMENT_CHARS
+from .conversations import ConversationAdmin
 from .display import (
     RUN_STATE_COLOURS,
     TOOL_CALL_STATE_COLOURS,
@@ -40,6 +42,7 @@ from .toolcalls import ToolCallAdmin
 admin.site.register(Run, RunAdmin)
 admin.site.register(ToolCall, ToolCallAdmin)
 admin.site.register(RunEvent, RunEventAdmin)
+admin.site.register(Conversation, ConversationAdmin)
 
 # Everything `django_agentrun.admin` offered when it was one module, and what it adds.
 __all__ = [
@@ -52,6 +55,7 @@ __all__ = [
     "TOOL_CALL_STATE_COLOURS",
     "TURN_STATE_COLOURS",
     "ApproveForm",
+    "ConversationAdmin",
     "BulkDoneForm",
     "BulkRejectForm",
     "DecisionFilter",

@@ -75,3 +75,7 @@ class PendingPagination(CreatedAtCursorPagination):
     """Oldest first: the queue of decisions."""
 
     ordering = "created_at"
+
+
+class ConversationPagination(CreatedAtCursorPagination):
+    """Newest first, like runs."""

@@ -12,7 +12,7 @@ from typing import Any
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 
-from ..models import Run, ToolCall
+from ..models import Conversation, Run, ToolCall
 from ..permissions import APPROVE_PERMISSION, CANCEL_PERMISSION, can_act_on_run, can_decide
 
 # The permission names and `can_decide` live in `django_agentrun.permissions`; kept
@@ -22,7 +22,10 @@ __all__ = [
     "CANCEL_PERMISSION",
     "CanCancelRun",
     "CanDecideToolCalls",
+    "CanSendMessage",
+    "CanStopConversation",
     "can_decide",
+    "visible_conversations",
     "visible_runs",
     "visible_tool_calls",
 ]
@@ -30,6 +33,11 @@ __all__ = [
 
 def visible_runs(user: Any):
     return Run.objects.visible_to(user)
+
+
+def visible_conversations(user: Any):
+    """Conversations `user` may see: the rule of runs (`Conversation.objects.visible_to`)."""
+    return Conversation.objects.visible_to(user)
 
 
 def visible_tool_calls(user: Any):
@@ -55,3 +63,23 @@ class CanDecideToolCalls(BasePermission):
 
     def has_permission(self, request: Request, view: Any) -> bool:
         return can_decide(request.user)
+
+
+class CanSendMessage(BasePermission):
+    """The conversation's owner only: a message starts a run that acts on the owner's
+    behalf (the run is theirs), so nobody else speaks for them, whatever their permissions."""
+
+    message = "Only the conversation's owner may send it messages."
+
+    def has_object_permission(self, request: Request, view: Any, obj: Conversation) -> bool:
+        return obj.owner_id is not None and obj.owner_id == request.user.pk
+
+
+class CanStopConversation(BasePermission):
+    """The conversation's owner, or a user with `agentrun.cancel_run` (stopping cancels its
+    runs)."""
+
+    message = f"Only the conversation's owner or a user with {CANCEL_PERMISSION} may stop it."
+
+    def has_object_permission(self, request: Request, view: Any, obj: Conversation) -> bool:
+        return can_act_on_run(request.user, obj)

@@ -1,11 +1,13 @@
 """The API's routes, namespaced `agentrun` (e.g. `agentrun:run-detail`,
-`agentrun:toolcall-approve`, `agentrun:schema` for its OpenAPI document)."""
+`agentrun:toolcall-approve`, `agentrun:conversation-messages`, `agentrun:schema` for its
+OpenAPI document)."""
 
 from __future__ import annotations
 
 from django.urls import path
 from rest_framework.routers import SimpleRouter
 
+from .conversations import ConversationViewSet
 from .views import RunViewSet, SchemaView, ToolCallViewSet
 
 app_name = "agentrun"
@@ -13,6 +15,7 @@ app_name = "agentrun"
 router = SimpleRouter()
 router.register("runs", RunViewSet, basename="run")
 router.register("tool-calls", ToolCallViewSet, basename="toolcall")
+router.register("conversations", ConversationViewSet, basename="conversation")
 
 urlpatterns = [
     *router.urls,

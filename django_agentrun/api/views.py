@@ -65,7 +65,8 @@ DECISION_CONFLICTS = (
 )
 
 
-def _detail_queryset(qs: QuerySet[Run]) -> QuerySet[Run]:
+def detail_queryset(qs: QuerySet[Run]) -> QuerySet[Run]:
+    """Runs with what the run detail shows (turns and their calls, in order)."""
     calls = ToolCall.objects.order_by("position")
     turns = Turn.objects.order_by("index").prefetch_related(Prefetch("tool_calls", queryset=calls))
     return qs.prefetch_related(Prefetch("turns", queryset=turns))
@@ -91,7 +92,7 @@ class RunViewSet(
         if self.action == "list":
             return self._filtered(qs)
         if self.action == "retrieve":
-            return _detail_queryset(qs)
+            return detail_queryset(qs)
         return qs
 
     def get_object(self) -> Run:
@@ -127,7 +128,7 @@ class RunViewSet(
         return qs
 
     def _detail(self, run: Run, code: int = status.HTTP_200_OK) -> Response:
-        fresh = _detail_queryset(Run.objects.filter(pk=run.pk)).get()
+        fresh = detail_queryset(Run.objects.filter(pk=run.pk)).get()
         return Response(self.get_serializer(fresh).data, status=code)
 
     @operation(

@@ -19,6 +19,7 @@ from ..identity import holder_is_dead
 from ..models import Run, Turn
 from ..states import RunState
 from . import endings, guards
+from .history import build_messages
 from .step import Commit, Step, Then
 
 logger = logging.getLogger(__name__)
@@ -36,6 +37,8 @@ def claim(step: Step) -> Commit | None:
             return None
         step.lease, step.run, step.took_over = claimed.lease, claimed.run, claimed.took_over
         step.load(claimed.turns, claimed.calls)
+        if step.run.conversation_position and not step.settle_only:
+            step.load_earlier(store.earlier_history(step.run))
         commit = decide(step)
         if commit.write.events or commit.write.run_fields:
             store.send(commit.write)
@@ -136,8 +139,11 @@ def new_turn(step: Step) -> Commit | Turn:
 def _estimate_next_prompt(step: Step) -> int:
     answered = [t for t in step.turns if t.content is not None]
     if not answered:
+        run = step.run
+        # The whole history the first request sends: a conversation's earlier runs too.
+        messages = build_messages(run.input, [], context=run.context, earlier=step.earlier)
         return guards.estimate_tokens(
-            [step.config.get("system", ""), step.config.get("tools", []), step.run.input]
+            [step.config.get("system", ""), step.config.get("tools", []), messages]
         )
     last = answered[-1]
     # The results as the model will see them (media priced as the API bills it).

@@ -1,7 +1,8 @@
 """The conversation sent to the model, built from recorded turns (rows or events).
 
 Both the engine (from rows) and the projection (from events) call `build_messages`,
-so "the history the model sees" has one definition.
+so "the history the model sees" has one definition. A run of a conversation starts with
+what its earlier runs contribute (`Segment`s, read from their rows at the claim).
 """
 
 from __future__ import annotations
@@ -24,21 +25,75 @@ class TurnRecord:
     results: list[dict[str, Any]] = field(default_factory=list)
 
 
-def user_message(input: Any) -> dict[str, Any]:
-    return {"role": "user", "content": input}
+@dataclass
+class Segment:
+    """What an earlier run of a conversation contributes to a later run's history: its
+    input and context, then its turns (a rolled-back run contributes nothing)."""
+
+    input: Any
+    context: str = ""
+    turns: Sequence[TurnRecord] = ()
 
 
-def build_messages(input: Any, turns: Iterable[TurnRecord]) -> list[dict[str, Any]]:
-    """user input, then per recorded turn: the assistant message and, if it asked for
-    tools, one user message whose content starts with every tool_result in order."""
-    messages = [user_message(input)]
+def user_message(input: Any, context: str = "") -> dict[str, Any]:
+    """The input as a user message; a message's context follows it as a text block."""
+    if not context:
+        return {"role": "user", "content": input}
+    return {"role": "user", "content": [*blocks(input), {"type": "text", "text": context}]}
+
+
+def build_messages(
+    input: Any, turns: Iterable[TurnRecord], *, context: str = "", earlier: Iterable[Segment] = ()
+) -> list[dict[str, Any]]:
+    """What each earlier run of the conversation contributes, then this run's: the user
+    input (and context), then per recorded turn the assistant message and, if it asked
+    for tools, one user message whose content starts with every tool_result in order.
+
+    Consecutive user messages become one, in order: a run's last tool results (or the
+    input of a run that ended before its first answer), then the next run's input. So the
+    results of a tool_use always come first in the next user message."""
+    messages: list[dict[str, Any]] = []
+    for segment in earlier:
+        _add(messages, without_breakpoints(segment.input), segment.context, segment.turns)
+    _add(messages, input, context, turns)
+    return messages
+
+
+def _add(messages: list[dict[str, Any]], input: Any, context: str, turns: Iterable[TurnRecord]):
+    add_user(messages, user_message(input, context))
     for turn in sorted(turns, key=lambda t: t.index):
         if not turn.content:
             continue  # no response recorded (cancelled or failed before it)
         messages.append({"role": "assistant", "content": turn.content})
         if turn.results:
             messages.append({"role": "user", "content": list(turn.results)})
-    return messages
+
+
+def add_user(messages: list[dict[str, Any]], message: dict[str, Any]) -> None:
+    """Append a user message, merged into the last one if that is a user message too."""
+    if messages and messages[-1]["role"] == "user":
+        last = messages[-1]["content"]
+        messages[-1] = {"role": "user", "content": [*blocks(last), *blocks(message["content"])]}
+    else:
+        messages.append(message)
+
+
+def blocks(content: Any) -> list[Any]:
+    """Message content as a list of blocks (a string is one text block)."""
+    return [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+
+
+def without_breakpoints(input: Any) -> Any:
+    """An earlier run's input without its cache_control: a breakpoint is its own request's
+    (the API takes 4 a request, and every later message of a conversation would add more)."""
+    if not isinstance(input, list):
+        return input
+    return [
+        {k: v for k, v in block.items() if k != "cache_control"}
+        if isinstance(block, dict)
+        else block
+        for block in input
+    ]
 
 
 def sanitize_content(content: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

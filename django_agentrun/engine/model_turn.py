@@ -19,7 +19,14 @@ from ..failpoints import failpoint
 from ..models import Turn
 from ..states import ToolCallState, TurnState
 from . import endings, guards
-from .history import TurnRecord, build_messages, model_failure, sanitize_content
+from .history import (
+    TurnRecord,
+    add_user,
+    build_messages,
+    model_failure,
+    sanitize_content,
+    user_message,
+)
 from .intents import intents
 from .step import Commit, Step, Then
 
@@ -52,13 +59,17 @@ def request(step: Step, turn: Turn) -> ModelRequest:
     system: list[dict[str, Any]] = []
     if config.get("system"):
         system.append({"type": "text", "text": config["system"]})
+    run = step.run
+    messages = build_messages(run.input, _records(step), context=run.context, earlier=step.earlier)
     tool_choice = None
     if turn.is_final:
-        system.append({"type": "text", "text": guards.FINAL_TURN_NOTICE})
+        # In the last user message, never in the system prompt: the system prompt (and the
+        # tools) must be what they were when any thinking block of the history was made.
+        add_user(messages, user_message(guards.FINAL_TURN_NOTICE))
         tool_choice = {"type": "none"} if config.get("tools") else None
     return ModelRequest(
         model=config["model"],
-        messages=build_messages(step.run.input, _records(step)),
+        messages=messages,
         max_tokens=config.get("max_tokens") or agentrun_settings.DEFAULT_MAX_TOKENS,
         system=system,
         tools=list(config.get("tools") or []),
@@ -150,10 +161,11 @@ def record(step: Step, turn: Turn, response: ModelResponse, retries: int) -> Com
     # Usage is counted here, once per recorded response.
     write.count(**usage, cost_usd=cost, turn_count=1)
     ids = [b.get("id") for b in blocks]
-    earlier = {c.tool_call_id for c in step.all_calls()}
+    earlier = {c.tool_call_id for c in step.all_calls()} | step.earlier_ids
     if not all(ids) or len(set(ids)) != len(ids) or earlier.intersection(ids):
         # Unanswerable: results could not be matched to calls, and the API would refuse
-        # this content in the history. Keep it in the event only and stop here.
+        # this content in the history (ids are unique across a conversation's runs too).
+        # Keep it in the event only and stop here.
         event[1]["discarded"] = True
         transitions.answer_turn(write, turn, answer, event, [], discarded=True)
         return endings.fail(

@@ -1,7 +1,9 @@
 """Rebuild a run from its events alone (a pure function: no database).
 
 Tests compare the projection with the rows of every run they create, which
-proves the event log is complete (invariant 7).
+proves the event log is complete (invariant 7). A run of a conversation names it and its
+place in it (`run_created`); `project_conversation` rebuilds the history a run of it
+starts with from the events of the earlier runs (a rolled-back one: `run_rolled_back`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 from ..clients.base import USAGE_KEYS
 from ..content import render_result
 from ..events import EventType
-from .history import TurnRecord, build_messages
+from .history import Segment, TurnRecord, build_messages
 
 
 @dataclass
@@ -26,6 +28,12 @@ class Projection:
     stop_reason: str = ""
     error_code: str = ""
     last_seq: int = 0
+    # A run of a conversation: which, where, its message's context, whether rolled back.
+    conversation: str | None = None
+    position: int | None = None
+    context: str = ""
+    rolled_back: bool = False
+    segment: Segment | None = None  # what it contributes to the later runs' history
 
 
 def project(events: Iterable[Any]) -> Projection:
@@ -48,6 +56,11 @@ def project(events: Iterable[Any]) -> Projection:
             out.tool_call_states[key] = payload["tool_call_state"]
         if kind == EventType.RUN_CREATED:
             run_input = payload["input"]
+            out.conversation = payload.get("conversation")
+            out.position = payload.get("position")
+            out.context = payload.get("context") or ""
+        elif kind == EventType.RUN_ROLLED_BACK:
+            out.rolled_back = True
         elif kind == EventType.MODEL_RESPONSE:
             if not payload.get("discarded"):
                 contents[payload["turn_index"]] = payload["content"]
@@ -78,8 +91,21 @@ def project(events: Iterable[Any]) -> Projection:
     for index, content in contents.items():
         keys = sorted((k for k in positions if k[0] == index), key=positions.get)
         records.append(TurnRecord(index, content, [results[k] for k in keys if k in results]))
-    out.messages = build_messages(run_input, records)
+    out.messages = build_messages(run_input, records, context=out.context)
+    out.segment = Segment(run_input, out.context, records)
     return out
+
+
+def project_conversation(runs: Iterable[Iterable[Any]]) -> list[dict[str, Any]]:
+    """The history of a conversation as the last of `runs` sends it, from the events of
+    those runs (one event list per run, in any order): the runs in their order, rolled-back
+    ones left out, each contributing its input, context and turns."""
+    projections = sorted((project(events) for events in runs), key=lambda p: p.position or 0)
+    segments = [p.segment for p in projections if p.segment is not None and not p.rolled_back]
+    if not segments:
+        return []
+    *earlier, last = segments
+    return build_messages(last.input, last.turns, context=last.context, earlier=earlier)
 
 
 def _triples(events: Iterable[Any]) -> Iterable[tuple[int, str, dict[str, Any]]]:

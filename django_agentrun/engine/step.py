@@ -23,8 +23,9 @@ from ..agents import Agent
 from ..clients import ModelClient, get_model_client
 from ..conf import agentrun_settings
 from ..models import Run, ToolCall, Turn
-from ..store import Lease, Write
+from ..store import Earlier, Lease, Write
 from ..tools import Tool, ToolContext
+from .history import Segment, TurnRecord
 
 
 class Outcome:
@@ -105,6 +106,8 @@ class Step:
         self.not_started: set[Any] = set()  # in_flight calls whose handler never ran
         self.turns_done = 0  # turns this task closed
         self.records: dict[int, Any] = {}  # closed turns as the request shows them (model_turn)
+        self.earlier: list[Segment] = []  # what the conversation's earlier runs contribute
+        self.earlier_ids: set[str] = set()  # their tool_use ids (unique in a history)
         self.began = time.monotonic()
 
     # -- reading -------------------------------------------------------------------------
@@ -126,6 +129,23 @@ class Step:
             self._calls.setdefault(call.turn_index, []).append(call)
         last = self.turns[-1] if self.turns else None
         self.turn = last if last is not None and last.state in _OPEN_TURN else None
+
+    def load_earlier(self, earlier: Earlier) -> None:
+        """The earlier runs of its conversation (read at the claim, once per task): what
+        each contributes to the history, its turns' results rendered once."""
+        calls: dict[tuple[Any, int], list[ToolCall]] = {}
+        for call in earlier.calls:
+            calls.setdefault((call.run_id, call.turn_index), []).append(call)
+        turns: dict[Any, list[TurnRecord]] = {}
+        for turn in earlier.turns:
+            results = [
+                c.tool_result_block()
+                for c in calls.get((turn.run_id, turn.index), ())
+                if c.is_closed
+            ]
+            turns.setdefault(turn.run_id, []).append(TurnRecord(turn.index, turn.content, results))
+        self.earlier = [Segment(r.input, r.context, turns.get(r.pk, [])) for r in earlier.runs]
+        self.earlier_ids = {c.tool_call_id for c in earlier.calls}
 
     def calls_of(self, turn: Turn) -> list[ToolCall]:
         return self._calls.get(turn.index, [])

@@ -35,8 +35,10 @@ def _turn(turn: Any) -> dict[str, Any]:
 
 
 def run_created(run: Any, owner: Any) -> Event:
-    """The agent's configuration is the run's (Run.config), not repeated here."""
-    return EventType.RUN_CREATED, {
+    """The agent's configuration is the run's (Run.config), not repeated here. A run of a
+    conversation also names it, its place in it and its message's context: its history
+    starts with the earlier runs' (their events rebuild it: projection.project_conversation)."""
+    payload = {
         "run_state": run.state,
         "agent": run.agent,
         "input": run.input,
@@ -45,6 +47,17 @@ def run_created(run: Any, owner: Any) -> Event:
         "owner": user_id(owner),
         "deadline": _iso(run.deadline),
     }
+    if run.conversation_id is not None:
+        payload.update(
+            conversation=str(run.conversation_id),
+            position=run.conversation_position,
+            context=run.context,
+        )
+    return EventType.RUN_CREATED, payload
+
+
+def run_rolled_back(by: Any, next_run: Any) -> Event:
+    return EventType.RUN_ROLLED_BACK, {"by": user_id(by), "next_run": str(next_run)}
 
 
 def run_started(run: Any, worker: str) -> Event:

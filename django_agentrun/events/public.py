@@ -44,7 +44,8 @@ _DECISION = ("decision", "by", "note")
 # What stays is what the run detail shows; budget figures are in its error_message.
 ALLOWLIST: dict[str, Spec] = {
     # A fork's run_created also names its original, the turn it forked at and who forked
-    # it (services.fork_run); the run detail shows the first two.
+    # it (services.fork_run); the run detail shows the first two. A conversation's run's
+    # names its conversation, its place in it and its message's context.
     EventType.RUN_CREATED: _keys(
         "agent",
         "input",
@@ -55,7 +56,11 @@ ALLOWLIST: dict[str, Spec] = {
         "forked_from",
         "forked_at_turn",
         "forked_by",
+        "conversation",
+        "position",
+        "context",
     ),
+    EventType.RUN_ROLLED_BACK: _keys("by", "next_run"),
     EventType.RUN_STARTED: _keys(),
     EventType.CANCEL_REQUESTED: _keys("by", "reason"),
     EventType.RUN_CANCELLED: _keys("reason"),

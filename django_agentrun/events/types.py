@@ -22,6 +22,9 @@ class EventType(models.TextChoices):
     """The run failed, with an error code, message, phase and last checkpoint."""
     RUN_COMPLETED = "run_completed", "Run completed"
     """The run completed, with its output, stop reason and usage totals."""
+    RUN_ROLLED_BACK = "run_rolled_back", "Run rolled back"
+    """A later message of its conversation rolled the run back: its turns are left out of
+    the conversation's history from then on (what it did stays recorded here)."""
     RUN_CONTINUED = "run_continued", "Run continued"
     """A turn closed (or a decision was made) and the run goes on."""
     RUN_PARKED = "run_parked", "Run parked"

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from .base import UsageCounts, idempotency_key_for
 from .calls import ToolCall, ToolCallQuerySet, Turn
+from .conversations import Conversation, ConversationQuerySet, status_of
 from .events import RunEvent, RunEventQuerySet
 from .runs import Run, RunQuerySet
 
 __all__ = [
+    "Conversation",
+    "ConversationQuerySet",
     "Run",
     "RunEvent",
     "RunEventQuerySet",
@@ -23,4 +26,5 @@ __all__ = [
     "Turn",
     "UsageCounts",
     "idempotency_key_for",
+    "status_of",
 ]

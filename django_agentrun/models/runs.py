@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from django.conf import settings
 from django.db import models
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 from django_fsm import FSMField, FSMModelMixin
 
@@ -18,6 +19,15 @@ from ..states import (
     RunState,
 )
 from .base import UsageCounts, transition_to, width
+
+
+def _earlier_active() -> Any:
+    """An active run before the outer one in its conversation (none outside one)."""
+    return Run.objects.filter(
+        conversation=OuterRef("conversation"),
+        conversation_position__lt=OuterRef("conversation_position"),
+        state__in=RUN_ACTIVE,
+    )
 
 
 class RunQuerySet(models.QuerySet["Run"]):
@@ -39,6 +49,14 @@ class RunQuerySet(models.QuerySet["Run"]):
     def past_deadline(self, now=None) -> RunQuerySet:
         now = now or timezone.now()
         return self.active().filter(deadline__lt=now)
+
+    def waiting_for_earlier(self) -> RunQuerySet:
+        """Runs of a conversation that may not start yet: an earlier run of it is active."""
+        return self.filter(Exists(_earlier_active()))
+
+    def startable(self) -> RunQuerySet:
+        """Runs no earlier run of their conversation holds back (every run outside one)."""
+        return self.filter(~Exists(_earlier_active()))
 
     def awaiting_approval(self) -> RunQuerySet:
         return self.filter(state=RunState.AWAITING_APPROVAL)
@@ -128,6 +146,31 @@ class Run(FSMModelMixin, UsageCounts):
         "before it are copies).",
     )
 
+    # A run of a conversation (services.send_message): its history starts with the earlier
+    # runs' (the engine reads them at the claim), and it starts once they have all ended.
+    conversation = models.ForeignKey(
+        "Conversation",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="runs",
+        db_index=False,  # the unique (conversation, position) leads with it
+        help_text="The conversation this run answers a message of.",
+    )
+    conversation_position = models.PositiveIntegerField(
+        null=True, blank=True, help_text="The run's place in its conversation (0 first)."
+    )
+    context = models.TextField(
+        blank=True,
+        help_text="Per-message context (a date, a user's mode), sent as a text block after "
+        "the input in the same user message, never in the system prompt.",
+    )
+    rolled_back = models.BooleanField(
+        default=False,
+        help_text="A later message of its conversation rolled it back: its turns are left out "
+        "of the conversation's history (what it did stays in its events).",
+    )
+
     created_at = models.DateTimeField(default=timezone.now, editable=False)
     updated_at = models.DateTimeField(default=timezone.now)
     queued_at = models.DateTimeField(default=timezone.now)
@@ -152,6 +195,11 @@ class Run(FSMModelMixin, UsageCounts):
                 fields=["idempotency_key"],
                 condition=Q(idempotency_key__isnull=False, owner__isnull=True),
                 name="agentrun_run_anon_idem_key",
+            ),
+            # Also the index the claim's and the reaper's "an earlier run is active" use.
+            models.UniqueConstraint(
+                fields=["conversation", "conversation_position"],
+                name="agentrun_run_conversation_position",
             ),
         ]
         indexes = [

@@ -58,11 +58,18 @@ def fork_points(run: Run) -> list[ForkPoint]:
     calls: dict[int, list[ToolCall]] = {}
     for call in run.tool_calls.order_by("turn_index", "position"):
         calls.setdefault(call.turn_index, []).append(call)
-    points = [ForkPoint(0, True)]
+    # A later run of a conversation starts from the earlier runs' history, which a fork
+    # (a run of its own) would not have.
+    follow_up = (
+        "the run follows earlier runs of its conversation; a fork would lose their history"
+        if run.conversation_position
+        else ""
+    )
+    points = [ForkPoint(0, not follow_up, follow_up)]
     still_open = ""
     for turn in turns:
         still_open = still_open or _open(turn, calls.get(turn.index, []))
-        reason = still_open or _ended(turn, calls.get(turn.index, []))
+        reason = follow_up or still_open or _ended(turn, calls.get(turn.index, []))
         points.append(ForkPoint(turn.index + 1, not reason, reason))
     return points
 

@@ -15,7 +15,13 @@ from .. import store, transitions, wakeups
 from ..agents import Agent, get_agent
 from ..content import BLOCK_TYPES, has_cache_control, validate_blocks
 from ..events import payloads
-from ..exceptions import IdempotencyConflict, InvalidInput, RunNotActive, UnknownAgent
+from ..exceptions import (
+    IdempotencyConflict,
+    InvalidInput,
+    InvalidTransition,
+    RunNotActive,
+    UnknownAgent,
+)
 from ..fields import check_json, check_text, unsendable
 from ..models import Run, RunEvent
 from ..states import RunState
@@ -130,10 +136,10 @@ def start_run(
 
 def _existing_run(owner: Any, key: str, agent: str, input: Any) -> Run | None:
     run = Run.objects.filter(owner=owner, idempotency_key=key).first()
-    if run is not None and (run.agent != agent or run.input != input):
+    if run is not None and (run.agent != agent or run.input != input or run.conversation_id):
         raise IdempotencyConflict(
             f"Idempotency key {key!r} was used for another run ({run.pk}) with a different "
-            "agent or input."
+            "agent or input, or in a conversation."
         )
     return run
 
@@ -153,23 +159,32 @@ def cancel_run(run: Run | Any, *, by: Any = None, reason: str = "") -> Run:
         if not run.is_active:
             raise RunNotActive(f"Run {run.pk} is {run.state}: there is nothing to cancel.")
         write = store.Write(run)
-        if run.cancel_requested_at is None:
-            transitions.request_cancel(write, run, by, reason)
-        if run.state in (RunState.QUEUED, RunState.AWAITING_APPROVAL) or not _lease_live(
-            run, database_now()
-        ):
-            reason = reason or run.cancel_reason or "cancelled"
-            transitions.stop_run(write, run, RunState.CANCELLED, reason)
+        add_cancel(write, run, by=by, reason=reason)
         if write.events:
             store.send(write)
     logger.info("Cancel requested run_id=%s state=%s", run.pk, run.state)
     return run
 
 
+def add_cancel(write: store.Write, run: Run, *, by: Any, reason: str) -> None:
+    """The cancel of an active `run` (its row locked by the caller), added to `write`: the
+    request, and the stop itself when no live worker holds the run (a holder sees the
+    request within about a second and stops it)."""
+    if run.cancel_requested_at is None:
+        transitions.request_cancel(write, run, by, reason)
+    if run.state in (RunState.QUEUED, RunState.AWAITING_APPROVAL) or not _lease_live(
+        run, database_now()
+    ):
+        reason = reason or run.cancel_reason or "cancelled"
+        transitions.stop_run(write, run, RunState.CANCELLED, reason)
+
+
 def resume_run(run: Run | Any, *, by: Any = None) -> Run:
     """Queue a failed, cancelled or timed-out run again; it continues from its history."""
     with transaction.atomic():
         run = Run.objects.select_for_update().get(pk=getattr(run, "pk", run))
+        if run.conversation_id is not None:
+            _resumable_in_conversation(run)
         now = timezone.now()
         fields: dict[str, Any] = {
             "error_code": "",
@@ -193,6 +208,23 @@ def resume_run(run: Run | Any, *, by: Any = None) -> Run:
         store.send(write)
     logger.info("Run resumed run_id=%s", run.pk)
     return run
+
+
+def _resumable_in_conversation(run: Run) -> None:
+    """A run of a conversation resumes only as its last one: a later run's history was
+    built on it as it ended, and a rolled-back run is no longer part of it."""
+    later = Run.objects.filter(
+        conversation_id=run.conversation_id, conversation_position__gt=run.conversation_position
+    )
+    if run.rolled_back or later.exists():
+        why = (
+            "it was rolled back"
+            if run.rolled_back
+            else "a later run of its conversation follows it"
+        )
+        raise InvalidTransition(
+            f"Run {run.pk} cannot be resumed: {why}. Send the conversation a new message instead."
+        )
 
 
 def _agent_deadline_seconds(run: Run) -> float | None:

@@ -3,7 +3,8 @@ code that sends them. No policy, no Celery.
 
 - queries.sql / sql.py: the statements, complete and by name;
 - writes.py: a write (what one commit changes) and `send`, one statement on Postgres;
-- leases.py: claim (with the history), renew, poll, release, let run out, take over;
+- leases.py: claim (with the history; a follow-up's earlier runs' too), renew, poll,
+  release, let run out, take over;
 - rows.py, clock.py: rows to statement values and back; the database's time.
 """
 
@@ -12,8 +13,11 @@ from __future__ import annotations
 from .clock import database_now
 from .leases import (
     Claimed,
+    Earlier,
     claim,
+    earlier_history,
     expire_lease,
+    following_runs,
     poll_cancel,
     release_lease,
     renew_lease,
@@ -24,12 +28,15 @@ from .writes import FENCE_CONSTRAINT, Event, Lease, Write, refused, send
 __all__ = [
     "FENCE_CONSTRAINT",
     "Claimed",
+    "Earlier",
     "Event",
     "Lease",
     "Write",
     "claim",
     "database_now",
+    "earlier_history",
     "expire_lease",
+    "following_runs",
     "poll_cancel",
     "refused",
     "release_lease",

@@ -4,13 +4,14 @@ the database's clock (queries.sql); elsewhere by the app's, through the ORM."""
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from django.db import connection
+from django.db import DatabaseError, connection
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -20,6 +21,8 @@ from ..states import RunState
 from .rows import column_names, instances
 from .sql import sql
 from .writes import Lease
+
+logger = logging.getLogger(__name__)
 
 CLAIMABLE = (RunState.QUEUED, RunState.RUNNING, RunState.AWAITING_TOOL)
 
@@ -124,7 +127,8 @@ def _claim_portable(
         "updated_at": now,
     }
     if name == "claim_released":
-        rows = rows.filter(lease_owner="")
+        # Not while an earlier run of its conversation is active (queries.sql).
+        rows = Run.objects.filter(pk=run_id, state__in=CLAIMABLE, lease_owner="").startable()
     else:
         expired = Q(lease_expires_at__lt=now)
         if dead_holder:
@@ -144,13 +148,81 @@ def _claim_portable(
     return results
 
 
-def _orm_rows(queryset: Any) -> Result:
-    fields = queryset.model._meta.concrete_fields
+def _orm_rows(queryset: Any, only: tuple[str, ...] | None = None) -> Result:
+    fields = [f for f in queryset.model._meta.concrete_fields if only is None or f.name in only]
     names = tuple(f.column for f in fields)
     sql_text, params = queryset.values_list(*(f.attname for f in fields)).query.sql_with_params()
     with connection.cursor() as cursor:
         cursor.execute(sql_text, params)
         return names, cursor.fetchall()
+
+
+@dataclass
+class Earlier:
+    """The runs of a conversation before a follow-up that its history holds (in order, not
+    rolled back; only `id`, `conversation_position`, `input`, `context` and `state` read),
+    with their turns and tool calls (in order)."""
+
+    runs: list[Run]
+    turns: list[Turn]
+    calls: list[ToolCall]
+
+
+def earlier_history(run: Run) -> Earlier:
+    """What the history of `run`, a run of a conversation, starts with: the earlier runs'
+    rows, read when its task claims it (one round trip where the driver allows)."""
+    if run.conversation_id is None or not run.conversation_position:
+        return Earlier([], [], [])
+    params = {"conversation_id": run.conversation_id, "position": run.conversation_position}
+    if _postgres():
+        names = ("select_earlier_runs", "select_earlier_turns", "select_earlier_tool_calls")
+        results = _execute_many([sql(name) for name in names], params)
+    else:
+        runs = Run._base_manager.filter(
+            conversation_id=run.conversation_id,
+            conversation_position__lt=run.conversation_position,
+            rolled_back=False,
+        )
+        results = [
+            _orm_rows(runs.order_by("conversation_position"), EARLIER_RUN_FIELDS),
+            _orm_rows(
+                Turn._base_manager.filter(run__in=runs).order_by(
+                    "run__conversation_position", "index"
+                )
+            ),
+            _orm_rows(
+                ToolCall._base_manager.filter(run__in=runs).order_by(
+                    "run__conversation_position", "turn_index", "position"
+                )
+            ),
+        ]
+    return Earlier(
+        instances(Run, *results[0]), instances(Turn, *results[1]), instances(ToolCall, *results[2])
+    )
+
+
+EARLIER_RUN_FIELDS = ("id", "conversation_position", "input", "context", "state")
+
+
+def following_runs(run: Run) -> list[Any]:
+    """The next queued run of `run`'s conversation (a list of at most one id): the run its
+    claim held back while `run` was active, to wake once `run` has ended. Empty when the
+    database cannot say: the reaper wakes a queued run nothing holds back."""
+    try:
+        found = (
+            Run._base_manager.filter(
+                conversation_id=run.conversation_id,
+                conversation_position__gt=run.conversation_position,
+                state=RunState.QUEUED,
+            )
+            .order_by("conversation_position")
+            .values_list("pk", flat=True)
+            .first()
+        )
+    except DatabaseError:
+        logger.warning("Could not look for a follow-up of run_id=%s", run.pk, exc_info=True)
+        return []
+    return [] if found is None else [found]
 
 
 def take_lease(run: Run, owner: str, *, seconds: float | None = None) -> Lease:

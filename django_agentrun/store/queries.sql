@@ -8,7 +8,12 @@
 -- column of the tables is named below or declared unchanging.
 
 -- name: claim_released
--- Take a released lease (the usual case): no recovery is counted.
+-- Take a released lease (the usual case): no recovery is counted. A run of a conversation
+-- is not taken while an earlier run of it is active (queued, running, awaiting_tool or
+-- awaiting_approval): a follow-up starts once they have all ended, and the transition
+-- that ends one wakes it (transitions.wake_follow_up). Outside a conversation the
+-- subquery finds nothing (conversation_id is NULL); it reads the unique index
+-- agentrun_run_conversation_position.
 UPDATE "agentrun_run"
 SET "lease_owner" = %(owner)s,
     "lease_expires_at" = statement_timestamp() + %(lease_seconds)s * interval '1 second',
@@ -17,6 +22,12 @@ SET "lease_owner" = %(owner)s,
 WHERE "id" = %(run_id)s
   AND "state" IN ('queued', 'running', 'awaiting_tool')
   AND "lease_owner" = ''
+  AND NOT EXISTS (
+    SELECT 1 FROM "agentrun_run" AS e
+    WHERE e."conversation_id" = "agentrun_run"."conversation_id"
+      AND e."conversation_position" < "agentrun_run"."conversation_position"
+      AND e."state" IN ('queued', 'running', 'awaiting_tool', 'awaiting_approval')
+  )
 RETURNING *
 
 -- name: claim_takeover
@@ -39,6 +50,28 @@ SELECT * FROM "agentrun_turn" WHERE "run_id" = %(run_id)s ORDER BY "index"
 
 -- name: select_tool_calls
 SELECT * FROM "agentrun_toolcall" WHERE "run_id" = %(run_id)s ORDER BY "turn_index", "position"
+
+-- name: select_earlier_runs
+-- A conversation's runs before %(position)s that its history holds (not rolled back), in
+-- order: what each contributes is its input, its context and its turns (below). The
+-- claim of a follow-up reads them once per task; nothing is copied into the follow-up.
+SELECT "id", "conversation_position", "input", "context", "state"
+FROM "agentrun_run"
+WHERE "conversation_id" = %(conversation_id)s AND "conversation_position" < %(position)s
+  AND NOT "rolled_back"
+ORDER BY "conversation_position"
+
+-- name: select_earlier_turns
+SELECT t.* FROM "agentrun_turn" AS t JOIN "agentrun_run" AS r ON r."id" = t."run_id"
+WHERE r."conversation_id" = %(conversation_id)s AND r."conversation_position" < %(position)s
+  AND NOT r."rolled_back"
+ORDER BY r."conversation_position", t."index"
+
+-- name: select_earlier_tool_calls
+SELECT c.* FROM "agentrun_toolcall" AS c JOIN "agentrun_run" AS r ON r."id" = c."run_id"
+WHERE r."conversation_id" = %(conversation_id)s AND r."conversation_position" < %(position)s
+  AND NOT r."rolled_back"
+ORDER BY r."conversation_position", c."turn_index", c."position"
 
 -- name: renew_lease
 UPDATE "agentrun_run"
@@ -195,6 +228,7 @@ r AS (
     "queued_at" = CASE WHEN s.changes ? 'queued_at' THEN p."queued_at" ELSE r."queued_at" END,
     "started_at" = CASE WHEN s.changes ? 'started_at' THEN p."started_at" ELSE r."started_at" END,
     "finished_at" = CASE WHEN s.changes ? 'finished_at' THEN p."finished_at" ELSE r."finished_at" END,
+    "rolled_back" = CASE WHEN s.changes ? 'rolled_back' THEN p."rolled_back" ELSE r."rolled_back" END,
     "input_tokens" = r."input_tokens" + %(input_tokens)s::bigint,
     "output_tokens" = r."output_tokens" + %(output_tokens)s::bigint,
     "cache_creation_input_tokens" = r."cache_creation_input_tokens" + %(cache_creation_input_tokens)s::bigint,

@@ -69,13 +69,13 @@ _PLANS: dict[tuple[str, type, tuple[str, ...]], _Plan] = {}
 
 
 def _plan(model: type, names: tuple[str, ...]) -> _Plan:
-    """The model's attnames (field order), where each is among `names`, and the
-    converters of the columns that need one."""
+    """The attnames of the model's fields among `names` (in field order; the others are
+    deferred), where each is among `names`, and the converters of the columns that need one."""
     key = (connection.vendor, model, names)
     plan = _PLANS.get(key)
     if plan is None:
         position = {name: i for i, name in enumerate(names)}
-        fields = model._meta.concrete_fields
+        fields = [f for f in model._meta.concrete_fields if f.column in position]
         converters = []
         for i, field in enumerate(fields):
             col = field.get_col(model._meta.db_table)
@@ -89,8 +89,8 @@ def _plan(model: type, names: tuple[str, ...]) -> _Plan:
 
 def instances(model: type, names: tuple[str, ...], rows: list[tuple]) -> list[Any]:
     """Model instances from rows whose columns are `names` (a cursor's description, in the
-    table's order, which need not be the model's), through the fields' and the backend's
-    converters (what a queryset applies)."""
+    table's order, which need not be the model's; columns left out are deferred), through
+    the fields' and the backend's converters (what a queryset applies)."""
     attnames, order, converters = _plan(model, names)
     alias = connection.alias
     out = []

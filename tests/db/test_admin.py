@@ -15,9 +15,10 @@ from django_agentrun.admin import (
     TOOL_CALL_STATE_COLOURS,
     TURN_STATE_COLOURS,
 )
+from django_agentrun.admin.conversations import STATUS_COLOURS
 from django_agentrun.engine import Outcome
 from django_agentrun.models import Run, RunEvent, ToolCall
-from django_agentrun.states import RunState, ToolCallState, TurnState
+from django_agentrun.states import ConversationStatus, RunState, ToolCallState, TurnState
 from django_agentrun.testing import ScriptedClient, reply, text, tool_use
 from tests import factories
 from tests.conftest import drive
@@ -673,6 +674,7 @@ def test_toolcall_changelist__default_filter_is_pending(client, viewer, parked):
         (RunState, RUN_STATE_COLOURS),
         (ToolCallState, TOOL_CALL_STATE_COLOURS),
         (TurnState, TURN_STATE_COLOURS),
+        (ConversationStatus, STATUS_COLOURS),
     ],
 )
 def test_badge_colours__cover_every_state(choices, colours):

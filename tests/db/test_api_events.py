@@ -219,6 +219,12 @@ def history(owner, monkeypatch, tmp_path) -> list[Run]:
     run = start_run("test-agent", "late", owner=owner, deadline=timedelta(seconds=-1))
     reap(run_ids=[run.pk])
     runs.append(run)
+
+    # A conversation: a message rolls back the one before it (run_rolled_back).
+    conversation = services.start_conversation("chat", owner=owner)
+    first = services.send_message(conversation, "first", context="Monday")
+    second = services.send_message(conversation, "second", policy="rollback", by=owner)
+    runs += [first, second]
     return runs
 
 

@@ -58,12 +58,17 @@ def world(db, monkeypatch):
     done = start_run("test-agent", "hi", owner=fuzzer, metadata={"k": [1, "x"]})
     drive(done, ScriptedClient([reply(text("Hello."))]))
     theirs = parked(other)[1]
+    mine = services.start_conversation("chat", owner=fuzzer)
+    services.send_message(mine, "hello")
+    theirs_too = services.start_conversation("chat", owner=other)
     return {
         "runs": [str(c.run_id) for c in (to_approve, unknown, theirs)] + [str(done.pk)],
         "calls": [c.pk for c in (to_approve, to_reject, unknown, theirs)],
+        "conversations": [str(mine.pk), str(theirs_too.pk)],
         # One valid decision (and fork) each, so their 2xx responses are checked too.
         "decisions": {
             "fork": (str(done.pk), {"turn": 0}),
+            "messages": (str(mine.pk), {"input": "fuzz", "context": "Monday", "policy": "enqueue"}),
             "approve": (to_approve.pk, {"token": services.approval_token(to_approve)}),
             "reject": (
                 to_reject.pk,
@@ -81,7 +86,8 @@ def _strategies(operation, mode: GenerationMode, world: dict) -> list:
     strategies = [operation.as_strategy(generation_mode=mode)]
     if "{id}" not in operation.path:
         return strategies
-    ids = world["runs"] if "/runs/" in operation.path else world["calls"]
+    kind = operation.path.split("/")[3]  # /api/agentrun/<kind>/{id}/...
+    ids = {"runs": world["runs"], "tool-calls": world["calls"]}.get(kind, world["conversations"])
     strategies += [
         operation.as_strategy(generation_mode=mode, path_parameters={"id": pk}) for pk in ids
     ]
@@ -105,11 +111,11 @@ def app():
     signals.request_finished.connect(close_old_connections)
 
 
-def _startable(body) -> None:
-    """Make a generated run body one that starts a run, the fuzzed metadata,
-    correlation id and idempotency key aside: random ones nearly never do."""
+def _startable(body, agent: str = "test-agent") -> None:
+    """Make a generated run (or conversation) body one that starts a run, the fuzzed
+    metadata, correlation id and idempotency key aside: random ones nearly never do."""
     if isinstance(body, dict):
-        body["agent"] = "test-agent"
+        body["agent"] = agent
         body.pop("deadline", None)  # a generated one is mostly in the past
         if not (isinstance(body.get("input"), str) and body["input"].strip()):
             body["input"] = "hi"
@@ -119,7 +125,7 @@ def test_fuzz__no_server_error_and_every_response_as_documented(world, app):
     auth = {"Authorization": "Basic " + base64.b64encode(b"fuzzer:pw").decode()}
     schema = schemathesis.openapi.from_wsgi("/api/agentrun/schema/", app, headers=auth)
     operations = [result.ok() for result in schema.get_all_operations()]
-    assert len(operations) == 11
+    assert len(operations) == 16
     # Decisions before cancel and resume, which would close the calls they decide on.
     operations.sort(key=lambda op: "/tool-calls/" not in op.path)
 
@@ -139,6 +145,8 @@ def test_fuzz__no_server_error_and_every_response_as_documented(world, app):
             def check(case, known: bool) -> None:
                 if known and case.operation.label == "POST /api/agentrun/runs/":
                     _startable(case.body)
+                if known and case.operation.label == "POST /api/agentrun/conversations/":
+                    _startable(case.body, "chat")
                 response = case.call(headers=auth)
                 case.validate_response(response, checks=CHECKS, headers=auth)
 

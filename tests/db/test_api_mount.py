@@ -86,6 +86,10 @@ def test_schema__this_api_only_and_valid(web):
         "/api/agentrun/tool-calls/{id}/approve/",
         "/api/agentrun/tool-calls/{id}/reject/",
         "/api/agentrun/tool-calls/{id}/resolve/",
+        "/api/agentrun/conversations/",
+        "/api/agentrun/conversations/{id}/",
+        "/api/agentrun/conversations/{id}/messages/",
+        "/api/agentrun/conversations/{id}/stop/",
     }
     assert web.get(SCHEMA, {"format": "yaml"})["Content-Type"].startswith(
         "application/vnd.oai.openapi"
@@ -119,9 +123,9 @@ def test_schema__every_operation_documents_its_error_statuses(web):
                 expected.add(404)
             if method == "post":
                 expected |= {400, 413, 415}
-            if path.endswith(("/runs/", "/pending/", "/events/")) and method == "get":
-                expected.add(400)  # filters, cursors, page sizes
-            if method == "post" and not path.endswith("/runs/"):
+            if path.endswith(("/runs/", "/pending/", "/events/", "/conversations/")):
+                expected.add(400)  # filters, cursors, page sizes; a body
+            if method == "post" and not path.endswith(("/runs/", "/conversations/", "/stop/")):
                 expected.add(409)
             assert expected <= statuses, (method, path, sorted(statuses))
             for code in statuses - {200, 201}:

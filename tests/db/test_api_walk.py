@@ -14,8 +14,9 @@ from django.urls import reverse
 from rest_framework.authentication import BasicAuthentication, SessionAuthentication
 
 from django_agentrun import services, start_run
+from django_agentrun.api.conversations import ConversationViewSet
 from django_agentrun.api.views import RunViewSet, SchemaView, ToolCallViewSet
-from django_agentrun.models import RunEvent, ToolCall
+from django_agentrun.models import Run, RunEvent, ToolCall
 from django_agentrun.testing import ScriptedClient, reply, tool_use
 from tests import factories
 from tests.conftest import assert_api_error, drive
@@ -28,7 +29,7 @@ pytestmark = [pytest.mark.django_db, pytest.mark.one_driver]
 class Endpoint:
     name: str
     method: str
-    # "run", "call" or None: which object the URL names.
+    # "run", "call", "conversation" or None: which object the URL names.
     target: str | None
     url: Callable[[str], str]
     body: Callable[[dict], dict] | None = None
@@ -40,6 +41,10 @@ def _run_url(kind: str) -> Callable[[str], str]:
 
 def _call_url(kind: str) -> Callable[[str], str]:
     return lambda pk: reverse(f"agentrun:toolcall-{kind}", args=[pk])
+
+
+def _conversation_url(kind: str) -> Callable[[str], str]:
+    return lambda pk: reverse(f"agentrun:conversation-{kind}", args=[pk])
 
 
 ENDPOINTS = [
@@ -73,6 +78,23 @@ ENDPOINTS = [
         lambda ctx: {"token": ctx["token"], "action": "fail"},
     ),
     Endpoint("schema", "get", None, lambda _: reverse("agentrun:schema")),
+    Endpoint("conversations", "get", None, lambda _: reverse("agentrun:conversation-list")),
+    Endpoint(
+        "start_conversation",
+        "post",
+        None,
+        lambda _: reverse("agentrun:conversation-list"),
+        lambda ctx: {"agent": "chat"},
+    ),
+    Endpoint("conversation", "get", "conversation", _conversation_url("detail")),
+    Endpoint(
+        "message",
+        "post",
+        "conversation",
+        _conversation_url("messages"),
+        lambda ctx: {"input": "hi"},
+    ),
+    Endpoint("stop", "post", "conversation", _conversation_url("stop"), lambda ctx: {}),
 ]
 OBJECT_ENDPOINTS = [e for e in ENDPOINTS if e.target]
 IDS = {e.name: e for e in ENDPOINTS}
@@ -97,12 +119,18 @@ def objects(alice) -> dict:
     run = start_run("test-agent", "delete bob", owner=alice)
     drive(run, model)
     call = ToolCall.objects.get(run=run)
-    return {"run": str(run.pk), "call": str(call.pk), "token": services.approval_token(call)}
+    conversation = services.start_conversation("chat", owner=alice)
+    return {
+        "run": str(run.pk),
+        "call": str(call.pk),
+        "token": services.approval_token(call),
+        "conversation": str(conversation.pk),
+    }
 
 
 def _state(objects: dict) -> tuple:
     call = ToolCall.objects.select_related("run").get(pk=objects["call"])
-    return call.state, call.run.state, RunEvent.objects.count()
+    return call.state, call.run.state, RunEvent.objects.count(), Run.objects.count()
 
 
 def _pk(endpoint: Endpoint, objects: dict) -> str:
@@ -123,7 +151,7 @@ def test_anonymous__403_not_authenticated_everywhere(objects, endpoint):
 
 @pytest.mark.parametrize("endpoint", ENDPOINTS, ids=lambda e: e.name)
 def test_anonymous__401_everywhere_when_basic_auth_comes_first(objects, endpoint, monkeypatch):
-    for view in (RunViewSet, ToolCallViewSet, SchemaView):
+    for view in (RunViewSet, ToolCallViewSet, SchemaView, ConversationViewSet):
         monkeypatch.setattr(
             view, "authentication_classes", [BasicAuthentication, SessionAuthentication]
         )
@@ -152,7 +180,7 @@ def test_other_users_object__404_not_found(objects, mallory, endpoint):
 
 
 def test_other_users_objects__absent_from_collections(objects, mallory):
-    for name in ("list", "pending"):
+    for name in ("list", "pending", "conversations"):
         response = call(mallory, IDS[name], "", objects)
         assert response.status_code == 200 and response.json()["results"] == [], name
     assert call(mallory, IDS["schema"], "", objects).status_code == 200
@@ -177,7 +205,7 @@ def owner_client(alice) -> Client:
 @pytest.mark.parametrize("endpoint", OBJECT_ENDPOINTS, ids=lambda e: e.name)
 def test_bad_or_unknown_ids__404_not_found(objects, owner_client, endpoint):
     before = _state(objects)
-    for pk in RUN_IDS if endpoint.target == "run" else CALL_IDS:
+    for pk in CALL_IDS if endpoint.target == "call" else RUN_IDS:
         url = endpoint.url("PK").replace("PK", pk)  # raw, as a client could send it
         if endpoint.method == "get":
             response = owner_client.get(url)
@@ -205,6 +233,11 @@ def test_owner__every_endpoint_answers(objects, owner_client):
         "fork": 201,
         "pending": 200,
         "schema": 200,
+        "conversations": 200,
+        "start_conversation": 201,
+        "conversation": 200,
+        "message": 201,
+        "stop": 200,
     }
     # Cancelled: resuming works, and deciding on the cancelled call is a conflict.
     assert call(owner_client, IDS["resume"], objects["run"], objects).status_code == 200

@@ -37,8 +37,12 @@ def test_max_turns__final_turn_offers_no_tools_and_carries_the_notice(messages_a
     first, final = messages_api.bodies
     assert "tool_choice" not in first
     assert final["tool_choice"] == {"type": "none"}
-    assert FINAL_TURN_NOTICE in str(final["system"])
-    assert FINAL_TURN_NOTICE not in str(first.get("system", ""))
+    # In the last user message, after the tool results: never in the system prompt, which
+    # must stay what it was when the history's thinking blocks were made.
+    last = final["messages"][-1]
+    assert last["role"] == "user" and last["content"][0]["type"] == "tool_result"
+    assert last["content"][-1] == {"type": "text", "text": FINAL_TURN_NOTICE}
+    assert "system" not in final and FINAL_TURN_NOTICE not in str(first)
     assert all(r["status"] == 200 for r in messages_api.requests)
     assert_projection_matches(run)
 

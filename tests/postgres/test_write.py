@@ -294,6 +294,9 @@ UNCHANGING = {
         "created_at",
         "forked_from_id",
         "forked_at_turn",
+        "conversation_id",
+        "conversation_position",
+        "context",
     },
 }
 

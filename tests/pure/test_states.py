@@ -21,6 +21,8 @@ from django_agentrun.states import (
     TOOL_CALL_CLOSED,
     TOOL_CALL_TRANSITIONS,
     TURN_TRANSITIONS,
+    ConversationPolicy,
+    ConversationStatus,
     ResultSource,
     RunState,
     SideEffect,
@@ -217,7 +219,15 @@ def test_protected__assigning_after_a_transition_raises():
 
 @pytest.mark.parametrize(
     "choices",
-    [RunState, TurnState, ToolCallState, ResultSource, SideEffect],
+    [
+        RunState,
+        TurnState,
+        ToolCallState,
+        ResultSource,
+        SideEffect,
+        ConversationPolicy,
+        ConversationStatus,
+    ],
     ids=lambda c: c.__name__,
 )
 def test_docstrings__every_member_documented(choices):

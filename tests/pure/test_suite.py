@@ -9,7 +9,15 @@ from pathlib import Path
 import pytest
 
 TESTS = Path(__file__).resolve().parents[1]
-FACTORIES = ("failed_run", "completed_run", "parked", "unknown", "expire", "crashed_at")
+FACTORIES = (
+    "failed_run",
+    "completed_run",
+    "parked",
+    "unknown",
+    "expire",
+    "crashed_at",
+    "by_message",
+)
 FIXTURES = ("no_broker", "postgres", "test_log", "messages_api", "queue")
 HELPERS = ("drive", "drive_last", "assert_api_error", "assert_projection_matches", "wait_for")
 # Helpers whose name means "this checks": a test that calls one asserts through it.

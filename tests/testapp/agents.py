@@ -11,6 +11,7 @@ import os
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from django_agentrun import (
     Agent,
@@ -232,3 +233,26 @@ def ratio() -> dict:
 
 RESULT_TOOLS = [lookup, list_accounts, chart, linked_chart, broken_chart, ratio]
 Agent(name="results", model="claude-sonnet-4-5", tools=RESULT_TOOLS, max_turns=6)
+
+
+# Conversations: a tool that runs the test's hook while it runs (to send a message then).
+DURING: dict[str, Any] = {}
+
+
+@tool(side_effect=SideEffect.READ_ONLY)
+def during(ctx: ToolContext, name: str) -> str:
+    """Run the test's hook `name` while this tool runs (say, a message sent meanwhile)."""
+    record("during", key=ctx.idempotency_key, name=name)
+    hook = DURING.get(name)
+    if hook is not None:
+        hook()
+    return f"ran {name}"
+
+
+Agent(
+    name="chat",
+    model="claude-sonnet-4-5",
+    system="You are a chat agent.",
+    tools=[lookup, delete_account, slow, shell_sleep, during],
+    max_turns=6,
+)

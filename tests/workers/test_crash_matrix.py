@@ -14,36 +14,41 @@ import time
 
 import pytest
 
-from django_agentrun import fork_run, start_run
+from django_agentrun import fork_run, send_message, start_conversation, start_run
 from django_agentrun.failpoints import POINTS
 from django_agentrun.recovery import reap
 from django_agentrun.testing import ScriptedClient, reply
 from django_agentrun.testing.messages_api import Reply, by_step, text, tool_use
-from tests.conftest import assert_projection_matches, drive, purge_queue
+from tests.conftest import (
+    assert_conversation_projection_matches,
+    assert_projection_matches,
+    drive,
+    purge_queue,
+)
 from tests.processes import wait_resting
 from tests.testapp.agents import executions
 
 
 def script():
-    return by_step(
-        [
-            Reply(
-                [
-                    text("Sending."),
-                    tool_use(
-                        "send_message", {"to": "ann@example.com", "body": "Hi"}, id="toolu_send"
-                    ),
-                ]
-            ),
-            Reply(
-                [
-                    tool_use("lookup", {"query": "order"}, id="toolu_look"),
-                    tool_use("save_note", {"text": "n"}, id="toolu_note"),
-                ]
-            ),
-            Reply([text("All done.")]),
-        ]
-    )
+    return by_step(replies())
+
+
+def replies() -> list[Reply]:
+    return [
+        Reply(
+            [
+                text("Sending."),
+                tool_use("send_message", {"to": "ann@example.com", "body": "Hi"}, id="toolu_send"),
+            ]
+        ),
+        Reply(
+            [
+                tool_use("lookup", {"query": "order"}, id="toolu_look"),
+                tool_use("save_note", {"text": "n"}, id="toolu_note"),
+            ]
+        ),
+        Reply([text("All done.")]),
+    ]
 
 
 def scripted() -> ScriptedClient:
@@ -181,3 +186,39 @@ def test_crash_at__failpoints__forked_run(point, workers, messages_api, settings
         ]
         assert 1 <= len(rows) <= 2, (kind, rows)
     assert (run.turn_count, run.forked_from_id) == (3, original.pk)
+
+
+@pytest.mark.parametrize("point", sorted(POINTS) + SECOND_CALL)
+def test_crash_at__every_failpoint__follow_up(point, workers, messages_api, settings, queue):
+    """A run of a conversation, after a first one: its history (read at every claim, a
+    take-over's too) starts with the first run's, and the crash changes nothing of that."""
+    settings.AGENTRUN_LEASE_SECONDS = 2
+    conversation = start_conversation("test-agent")
+    drive(send_message(conversation, "Hello."), ScriptedClient([reply(text("Hi."))]))
+    purge_queue(queue)  # its own wake-ups, which no worker needs
+    messages_api.script = by_step([Reply([text("Hi.")]), *replies()])
+    first = workers.start(failpoints=f"{point}=crash", AGENTRUN_LEASE_SECONDS="2")
+    run = send_message(conversation, "Tell Ann her order shipped.")
+    code = workers.wait_exit(first, timeout=60)
+    assert code != 0, f"worker 1 should have crashed at {point}\n{workers.logs()}"
+    workers.start(AGENTRUN_LEASE_SECONDS="2")
+    finish(run)
+
+    assert run.state == "completed", (run.state, run.error_code, run.error_message, workers.logs())
+    assert_projection_matches(run)
+    assert_conversation_projection_matches(conversation)
+    assert not messages_api.script_errors
+    assert all(r["status"] == 200 for r in messages_api.requests)
+    steps = messages_api.steps()
+    # Step 0 is the first run's answer: the follow-up asks from step 1 on, each once
+    # (twice only when the crash came before its answer committed).
+    assert set(steps) == {1, 2, 3}
+    twice = {s for s, n in steps.items() if n > 1}
+    assert twice == ({1} if point == "model.before_commit" else set())
+    for body in messages_api.bodies:
+        assert body["messages"][:2] == [
+            {"role": "user", "content": "Hello."},
+            {"role": "assistant", "content": [{"type": "text", "text": "Hi."}]},
+        ]
+    assert len(executions("send_message")) == 1
+    assert run.turn_count == 3

@@ -5,6 +5,13 @@ was one module."""
 
 from __future__ import annotations
 
+from .conversations import (
+    ConversationCreateSerializer,
+    ConversationDetailSerializer,
+    ConversationRunSerializer,
+    ConversationSerializer,
+    MessageSerializer,
+)
 from .fields import ObjectField, RunInputField, StateField, StateFieldExtension, StorableCharField
 from .requests import (
     IDEMPOTENCY_HEADER,
@@ -37,8 +44,13 @@ __all__ = [
     "ApproveSerializer",
     "CancelRequestSerializer",
     "CancelSerializer",
+    "ConversationCreateSerializer",
+    "ConversationDetailSerializer",
+    "ConversationRunSerializer",
+    "ConversationSerializer",
     "DecisionResultSerializer",
     "ErrorSerializer",
+    "MessageSerializer",
     "ObjectField",
     "PendingDecisionSerializer",
     "RejectSerializer",

@@ -14,7 +14,27 @@ from .fields import ObjectField, RunInputField, StorableCharField
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 
 
-class RunCreateSerializer(serializers.Serializer):
+class IdempotencyKeyMixin:
+    """An `idempotency_key` field that the `Idempotency-Key` header may give instead."""
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        request = self.context.get("request")  # type: ignore[attr-defined]
+        header = request.headers.get(IDEMPOTENCY_HEADER) if request is not None else None
+        if header is not None:
+            header = header.strip()
+            if not header or len(header) > 200 or text_problem(header):
+                message = f"The {IDEMPOTENCY_HEADER} header must be 1-200 characters (no NUL)."
+                raise serializers.ValidationError({"idempotency_key": message})
+            body = attrs.get("idempotency_key")
+            if body is not None and body != header:
+                raise serializers.ValidationError(
+                    {"idempotency_key": f"The {IDEMPOTENCY_HEADER} header and the body differ."}
+                )
+            attrs["idempotency_key"] = header
+        return attrs
+
+
+class RunCreateSerializer(IdempotencyKeyMixin, serializers.Serializer):
     agent = StorableCharField(max_length=200, help_text="The name of a registered agent.")
     input = RunInputField(help_text="A non-empty string or a list of content blocks.")
     metadata = ObjectField(required=False, help_text="A JSON object kept on the run.")
@@ -35,22 +55,6 @@ class RunCreateSerializer(serializers.Serializer):
         if value <= timezone.now():
             raise serializers.ValidationError("The deadline must be in the future.")
         return value
-
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        request = self.context.get("request")
-        header = request.headers.get(IDEMPOTENCY_HEADER) if request is not None else None
-        if header is not None:
-            header = header.strip()
-            if not header or len(header) > 200 or text_problem(header):
-                message = f"The {IDEMPOTENCY_HEADER} header must be 1-200 characters (no NUL)."
-                raise serializers.ValidationError({"idempotency_key": message})
-            body = attrs.get("idempotency_key")
-            if body is not None and body != header:
-                raise serializers.ValidationError(
-                    {"idempotency_key": f"The {IDEMPOTENCY_HEADER} header and the body differ."}
-                )
-            attrs["idempotency_key"] = header
-        return attrs
 
 
 class CancelSerializer(serializers.Serializer):

@@ -6,6 +6,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+from . import thinking
 from .script import Reply, last_tool_use_index, new_id
 
 
@@ -31,7 +32,8 @@ def usage(body: dict[str, Any], reply: Reply, content: list[dict[str, Any]]) -> 
 
 
 def message(body: dict[str, Any], reply: Reply, content: list[dict[str, Any]]) -> dict[str, Any]:
-    """The Message object of a reply with `content`."""
+    """The Message object of a reply with `content` (its thinking blocks signed)."""
+    content = thinking.sign(body, content)
     return {
         "id": reply.message_id or new_id("msg_"),
         "type": "message",
@@ -46,7 +48,7 @@ def message(body: dict[str, Any], reply: Reply, content: list[dict[str, Any]]) -
 
 def events(body: dict[str, Any], reply: Reply, request_id: str) -> Iterator[bytes]:
     """The SSE events of a streamed reply, in the real API's order and shape."""
-    content = [dict(b) for b in reply.content]  # type: ignore[union-attr]
+    content = thinking.sign(body, [dict(b) for b in reply.content])  # type: ignore[union-attr]
     cut = last_tool_use_index(content) if reply.truncate_input else None
     if cut is not None:
         content = content[: cut + 1]

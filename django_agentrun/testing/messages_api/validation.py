@@ -7,6 +7,7 @@ import re
 from typing import Any
 from urllib.parse import urlsplit
 
+from . import thinking
 from .script import ERROR_TYPES, text
 
 _ID_PATTERN = re.compile(r"^[a-zA-Z0-9_-]+$")
@@ -145,6 +146,12 @@ def _check_block(block: Any, where: str, role: str) -> int:
         return breakpoints + _check_cache_control(block.get("cache_control"), where)
     elif kind in ("image", "document"):
         _check_download(block.get("source"))
+    elif kind in ("thinking", "redacted_thinking"):
+        if role != "assistant":
+            raise invalid(f"{where}: `{kind}` blocks can only be in `assistant` messages")
+        for key in ("thinking", "signature") if kind == "thinking" else ("data",):
+            if not isinstance(block.get(key), str):
+                raise invalid(f"{where}.{kind}.{key}: Field required")
     return _check_cache_control(block.get("cache_control"), where)
 
 
@@ -305,6 +312,18 @@ def validate_request(body: Any) -> None:
             f"A maximum of {_MAX_CACHE_BREAKPOINTS} blocks with cache_control may be provided. "
             f"Found {breakpoints}."
         )
+
+    # Thinking blocks come back unchanged, under the system prompt and tools they were made
+    # under (thinking.py): a changed block or prefix is refused.
+    for i, (_role, blocks) in enumerate(parsed):
+        for j, block in enumerate(blocks):
+            if block["type"] in ("thinking", "redacted_thinking") and not thinking.valid(
+                body, block
+            ):
+                field = "signature" if block["type"] == "thinking" else "data"
+                raise invalid(
+                    f"messages.{i}.content.{j}: Invalid `{field}` in `{block['type']}` block"
+                )
 
     has_tool_blocks = any(
         b.get("type") in ("tool_use", "tool_result") for _, blocks in parsed for b in blocks

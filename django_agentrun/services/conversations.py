@@ -1,0 +1,224 @@
+"""Conversations: start one, send it a message (a new run whose history is the earlier
+runs' transcripts, then the new input), stop it.
+
+A conversation keeps the agent's configuration as it was when it started (the system
+prompt and the tools never change during it: current models refuse a history whose
+thinking blocks were made under another prefix), and every run of it uses that snapshot.
+A message sent while a run of it is active follows a policy (`ConversationPolicy`):
+`reject`, `enqueue` (the new run starts once the earlier ones have ended: the claim holds
+it back until then), `interrupt` (the active runs are cancelled as `cancel_run` cancels
+them) or `rollback` (as interrupt, and the interrupted runs leave the history).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import timedelta
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from .. import store, transitions, wakeups
+from ..agents import Agent, get_agent
+from ..events import payloads
+from ..exceptions import ConversationBusy, IdempotencyConflict, InvalidInput
+from ..fields import check_json, check_text
+from ..models import Conversation, Run, RunEvent
+from ..states import RUN_ACTIVE, ConversationPolicy
+from .runs import add_cancel, validate_input
+
+logger = logging.getLogger(__name__)
+
+INTERRUPTED = "interrupted by a new message"
+ROLLED_BACK = "rolled back by a new message"
+STOPPED = "the conversation was stopped"
+
+
+def _policy(value: Any) -> str:
+    if value not in ConversationPolicy.values:
+        raise InvalidInput(
+            f"Unknown policy {value!r}: one of {', '.join(ConversationPolicy.values)}."
+        )
+    return str(value)
+
+
+def _metadata(value: Any) -> dict[str, Any]:
+    if value is not None and not isinstance(value, dict):
+        raise InvalidInput("metadata must be a JSON object.")
+    check_json(value, "metadata")
+    return value or {}
+
+
+def start_conversation(
+    agent: str | Agent,
+    *,
+    owner: Any = None,
+    policy: str = ConversationPolicy.ENQUEUE,
+    metadata: dict[str, Any] | None = None,
+) -> Conversation:
+    """A new conversation with `agent` (by name), keeping a snapshot of its configuration:
+    every run of the conversation uses it, whatever the agent becomes later. `policy` is
+    what becomes of a message sent while a run is active, unless the message says."""
+    agent_obj = get_agent(agent) if isinstance(agent, str) else agent
+    conversation = Conversation.objects.create(
+        agent=agent_obj.name,
+        config=agent_obj.snapshot(),
+        owner=owner,
+        policy=_policy(policy),
+        metadata=_metadata(metadata),
+    )
+    logger.info("Conversation started conversation_id=%s agent=%s", conversation.pk, agent_obj.name)
+    return conversation
+
+
+def send_message(
+    conversation: Conversation | Any,
+    input: Any,
+    *,
+    policy: str | None = None,
+    context: str | None = None,
+    idempotency_key: str | None = None,
+    metadata: dict[str, Any] | None = None,
+    by: Any = None,
+) -> Run:
+    """Start the conversation's next run: its history is the earlier runs' (rolled-back
+    ones left out), then `input`, then `context` (a text block of the same user message:
+    per-message context such as the date, never in the system prompt). It belongs to the
+    conversation's owner and is queued and woken on commit; it starts once every earlier
+    run has ended.
+
+    While a run is active, `policy` (default: the conversation's) decides: `reject` raises
+    ConversationBusy; `enqueue` leaves the new run waiting; `interrupt` cancels the active
+    runs (a worker holding one stops it within about a second); `rollback` also leaves
+    them out of the history from now on. With an idempotency key (unique per owner, as
+    for runs) a repeated message returns the first run and changes nothing."""
+    input = validate_input(input)
+    if context is not None and not isinstance(context, str):
+        raise InvalidInput("context must be a string.")
+    check_text(context, "The context")
+    check_text(idempotency_key, "The idempotency key")
+    metadata = _metadata(metadata)
+    chosen = _policy(policy) if policy is not None else None
+    # A blank text block is refused by the API: blank context is no context.
+    context = context if context and context.strip() else ""
+    with transaction.atomic():
+        # Serialises the messages of one conversation: positions, policies and keys.
+        conversation = Conversation.objects.select_for_update().get(
+            pk=getattr(conversation, "pk", conversation)
+        )
+        if idempotency_key is not None:
+            existing = _existing(conversation, idempotency_key, input, context)
+            if existing is not None:
+                return existing
+        chosen = chosen or conversation.policy
+        get_agent(conversation.agent)  # its tools must still be there to run
+        active = list(
+            conversation.runs.filter(state__in=RUN_ACTIVE)
+            .select_for_update()
+            .order_by("conversation_position")
+        )
+        if active and chosen == ConversationPolicy.REJECT:
+            raise ConversationBusy(
+                f"Conversation {conversation.pk} is busy: run {active[0].pk} is "
+                f"{active[0].state} (policy reject)."
+            )
+        try:
+            with transaction.atomic():
+                run = _new_run(conversation, input, context, idempotency_key, metadata)
+        except IntegrityError:
+            existing = idempotency_key and _existing(conversation, idempotency_key, input, context)
+            if not existing:
+                raise
+            return existing
+        if chosen in (ConversationPolicy.INTERRUPT, ConversationPolicy.ROLLBACK):
+            rollback = chosen == ConversationPolicy.ROLLBACK
+            for earlier in active:
+                _interrupt(earlier, run, by=by, rollback=rollback)
+        Conversation.objects.filter(pk=conversation.pk).update(updated_at=timezone.now())
+        # Held back by its claim while an earlier run is active; the transition that ends
+        # the last of them wakes it again.
+        transaction.on_commit(lambda: wakeups.send(run.pk))
+    logger.info(
+        "Message sent conversation_id=%s run_id=%s position=%s policy=%s active=%s",
+        conversation.pk,
+        run.pk,
+        run.conversation_position,
+        chosen,
+        len(active),
+    )
+    return run
+
+
+def _new_run(
+    conversation: Conversation,
+    input: Any,
+    context: str,
+    key: str | None,
+    metadata: dict[str, Any],
+) -> Run:
+    last = conversation.runs.aggregate(last=Max("conversation_position"))["last"]
+    limit = (conversation.config or {}).get("deadline_seconds")
+    run = Run.objects.create(
+        agent=conversation.agent,
+        input=input,
+        context=context,
+        config=conversation.config,
+        owner=conversation.owner,
+        idempotency_key=key,
+        metadata=metadata,
+        correlation_id=uuid.uuid4().hex,
+        deadline=timezone.now() + timedelta(seconds=limit) if limit else None,
+        conversation=conversation,
+        conversation_position=0 if last is None else last + 1,
+        last_seq=1,
+    )
+    kind, payload = payloads.run_created(run, conversation.owner)
+    RunEvent.objects.create(run=run, seq=1, type=kind, payload=payload, created_at=run.created_at)
+    return run
+
+
+def _existing(conversation: Conversation, key: str, input: Any, context: str) -> Run | None:
+    run = Run.objects.filter(owner=conversation.owner, idempotency_key=key).first()
+    if run is not None and (
+        run.conversation_id != conversation.pk or run.input != input or run.context != context
+    ):
+        raise IdempotencyConflict(
+            f"Idempotency key {key!r} was used for another run ({run.pk}) with a different "
+            "conversation, input or context."
+        )
+    return run
+
+
+def _interrupt(run: Run, next_run: Run, *, by: Any, rollback: bool) -> None:
+    """Cancel an active run of the conversation (as cancel_run does), rolled back with it."""
+    write = store.Write(run)
+    if run.is_active:
+        add_cancel(write, run, by=by, reason=ROLLED_BACK if rollback else INTERRUPTED)
+    if rollback:
+        transitions.roll_back(write, run, by, next_run.pk)
+    if write.events:
+        store.send(write)
+
+
+def stop_conversation(
+    conversation: Conversation | Any, *, by: Any = None, reason: str = ""
+) -> Conversation:
+    """Cancel every active run of the conversation, the running one and the queued ones
+    (as cancel_run cancels them: a worker holding one stops it within about a second).
+    Stopping a conversation with no active run changes nothing."""
+    check_text(reason, "The reason")
+    with transaction.atomic():
+        conversation = Conversation.objects.select_for_update().get(
+            pk=getattr(conversation, "pk", conversation)
+        )
+        active = conversation.runs.filter(state__in=RUN_ACTIVE).select_for_update()
+        for run in active.order_by("conversation_position"):
+            write = store.Write(run)
+            add_cancel(write, run, by=by, reason=reason or STOPPED)
+            if write.events:
+                store.send(write)
+    logger.info("Conversation stopped conversation_id=%s", conversation.pk)
+    return conversation
