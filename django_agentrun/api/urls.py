@@ -1,11 +1,13 @@
 """The API's routes, namespaced `agentrun` (e.g. `agentrun:run-detail`,
-`agentrun:toolcall-approve`, `agentrun:schema` for its OpenAPI document)."""
+`agentrun:toolcall-approve`, `agentrun:run-stream` for a run's live stream,
+`agentrun:schema` for its OpenAPI document)."""
 
 from __future__ import annotations
 
 from django.urls import path
 from rest_framework.routers import SimpleRouter
 
+from .streams import run_stream
 from .views import RunViewSet, SchemaView, ToolCallViewSet
 
 app_name = "agentrun"
@@ -16,5 +18,6 @@ router.register("tool-calls", ToolCallViewSet, basename="toolcall")
 
 urlpatterns = [
     *router.urls,
+    path("runs/<str:pk>/stream/", run_stream, name="run-stream"),
     path("schema/", SchemaView.as_view(), name="schema"),
 ]

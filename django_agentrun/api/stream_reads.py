@@ -1,0 +1,144 @@
+"""What a live stream reads from the database, in short synchronous calls run on the event
+loop's shared thread pool (`thread_sensitive=False`: no thread per client), each closing
+its connection when done (none is held between reads)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from asgiref.sync import sync_to_async
+from django.db import connections
+from django.db.models import Max
+from rest_framework import exceptions
+from rest_framework.request import Request
+from rest_framework.settings import api_settings
+
+from ..models import Run, RunEvent, ToolCall, Turn
+from ..states import RunState
+from .errors import error_body
+from .serializers import RunEventSerializer
+
+# States in which nothing happens without a person or a new command: a stream ends there.
+RESTING = frozenset(
+    {
+        RunState.COMPLETED,
+        RunState.FAILED,
+        RunState.CANCELLED,
+        RunState.TIMED_OUT,
+        RunState.AWAITING_APPROVAL,
+    }
+)
+PAGE = 500  # events per read
+
+T = TypeVar("T")
+
+
+def close_connections() -> None:
+    """Close this thread's database connections (not one inside a transaction: a test's)."""
+    for conn in connections.all(initialized_only=True):
+        if not conn.in_atomic_block:
+            conn.close()
+
+
+def short_read(func: Callable[..., T]) -> Callable[..., Any]:
+    """`func` as a coroutine on the shared thread pool, its connection closed afterwards."""
+
+    @functools.wraps(func)
+    def closing(*args: Any, **kwargs: Any) -> T:
+        try:
+            return func(*args, **kwargs)
+        finally:
+            close_connections()
+
+    return sync_to_async(closing, thread_sensitive=False)
+
+
+@short_read
+def authenticate(request: Any) -> tuple[Any, tuple[int, str, str, dict[str, str]] | None]:
+    """(user, None), or (None, the refusal) as the API's views decide it: the project's DRF
+    authentication classes in order, then IsAuthenticated (401 with the first class's
+    challenge, else 403)."""
+    authenticators = [cls() for cls in api_settings.DEFAULT_AUTHENTICATION_CLASSES]
+    drf_request = Request(request, authenticators=authenticators)
+    try:
+        user = drf_request.user
+        if user is not None and user.is_authenticated:
+            return user, None
+        exc: exceptions.APIException = exceptions.NotAuthenticated()
+    except exceptions.APIException as failed:
+        exc = failed
+    challenge = authenticators[0].authenticate_header(drf_request) if authenticators else None
+    body = error_body(exc)
+    if challenge and isinstance(exc, exceptions.NotAuthenticated | exceptions.AuthenticationFailed):
+        return None, (401, body["code"], body["detail"], {"WWW-Authenticate": challenge})
+    status = 403 if exc.status_code == 401 else exc.status_code
+    return None, (status, body["code"], body["detail"], {})
+
+
+@dataclass
+class Snapshot:
+    """A run as one read found it: its state, its newest seq, its events after the cursor
+    (the API's public view of each, at most PAGE), and its last answered turn."""
+
+    state: str
+    last_seq: int
+    events: list[dict[str, Any]] = field(default_factory=list)
+    more: bool = False
+    answered: int = -1
+
+    @property
+    def resting(self) -> bool:
+        return self.state in RESTING
+
+
+@short_read
+def read_run(run_id: Any, user: Any, after: int, *, first: bool = False) -> Snapshot | None:
+    """The run as `user` may see it (None: not found or not visible) with its events after
+    `after`; bounded by the seq read with its state, so the events and the state agree."""
+    row = Run.objects.visible_to(user).filter(pk=run_id).values_list("state", "last_seq").first()
+    if row is None:
+        return None
+    state, last_seq = row
+    rows = list(
+        RunEvent.objects.filter(run_id=run_id, seq__gt=after, seq__lte=last_seq).order_by("seq")[
+            : PAGE + 1
+        ]
+    )
+    more, rows = len(rows) > PAGE, rows[:PAGE]
+    events = [dict(e) for e in RunEventSerializer(rows, many=True).data]
+    _approval_ids(run_id, events)
+    answered = -1
+    if first:
+        answered = Turn.objects.filter(run_id=run_id).aggregate(m=Max("index"))["m"]
+        answered = -1 if answered is None else answered
+    return Snapshot(state, last_seq, events, more, answered)
+
+
+def _approval_ids(run_id: Any, events: list[dict[str, Any]]) -> None:
+    """An approval request carries its call's API id (`call`: POST tool-calls/{call}/...)."""
+    asked = [e for e in events if e["type"] == "approval_requested"]
+    if not asked:
+        return
+    ids = {e["payload"].get("tool_call_id") for e in asked}
+    found = dict(
+        ToolCall.objects.filter(run_id=run_id, tool_call_id__in=ids).values_list(
+            "tool_call_id", "pk"
+        )
+    )
+    for event in asked:
+        event["call"] = found.get(event["payload"].get("tool_call_id"))
+
+
+# Events that say a turn's answer is recorded (its deltas are then superseded).
+_ANSWERED = ("model_response", "turn_completed", "turn_cancelled", "turn_failed")
+
+
+def answered_by(event: dict[str, Any]) -> int:
+    """The turn whose answer `event` shows recorded, or -1."""
+    if event["type"] in _ANSWERED:
+        index = event["payload"].get("turn_index")
+        return index if isinstance(index, int) else -1
+    return -1
