@@ -68,3 +68,48 @@ def stream(path: str, *, user=None, chunks: int | None = None, **headers: str):
         return response, "".join(body)
 
     return async_to_sync(go)()
+
+
+class LiveStream:
+    """A stream read from a real server over HTTP, frame by frame; `close()` drops the
+    connection wherever it is (a client that goes away)."""
+
+    def __init__(self, base_url: str, path: str, *, auth: tuple[str, str], **headers: str):
+        import base64
+        import http.client
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(base_url)
+        self.conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+        token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
+        self.conn.request("GET", path, headers={"Authorization": f"Basic {token}", **headers})
+        self.response = self.conn.getresponse()
+        self.status = self.response.status
+
+    def frames(self):
+        """Frames as they arrive, and comments (as Frame("comment", text))."""
+        event, data, frame_id = "message", [], None
+        while True:
+            raw = self.response.readline()
+            if not raw:
+                return
+            line = raw.decode().rstrip("\n")
+            if line == "":
+                if data:
+                    yield Frame(event, "\n".join(data), frame_id)
+                event, data, frame_id = "message", [], None
+                continue
+            if line.startswith(":"):
+                yield Frame("comment", line)
+                continue
+            name, _, value = line.partition(":")
+            value = value[1:] if value.startswith(" ") else value
+            if name == "event":
+                event = value
+            elif name == "data":
+                data.append(value)
+            elif name == "id":
+                frame_id = value
+
+    def close(self) -> None:
+        self.conn.close()

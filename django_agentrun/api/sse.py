@@ -184,7 +184,9 @@ class UIMessageFormat:
             return []
         if kind == "approval_requested":
             approval = str(event.get("call") or call_id)
-            return [{"type": "tool-approval-request", "approvalId": approval, "toolCallId": call_id}]
+            return [
+                {"type": "tool-approval-request", "approvalId": approval, "toolCallId": call_id}
+            ]
         if payload.get("decision") == "rejected":
             return [{"type": "tool-output-denied", "toolCallId": call_id}]
         if "result" in payload and call_id and kind != "tool_result_replaced":
@@ -192,7 +194,13 @@ class UIMessageFormat:
                 text = payload["result"]
                 text = text if isinstance(text, str) else dumps(text)
                 return [{"type": "tool-output-error", "toolCallId": call_id, "errorText": text}]
-            return [{"type": "tool-output-available", "toolCallId": call_id, "output": payload["result"]}]
+            return [
+                {
+                    "type": "tool-output-available",
+                    "toolCallId": call_id,
+                    "output": payload["result"],
+                }
+            ]
         if kind in ("turn_completed", "turn_cancelled", "turn_failed"):
             return self._close_turn_parts(payload.get("turn_index", 0)) + self._end_step()
         if kind == "run_failed":

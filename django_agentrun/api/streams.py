@@ -176,4 +176,3 @@ async def _stream(
             continue
         if entries:
             last_id = entries[-1][0]
-

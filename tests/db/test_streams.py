@@ -155,7 +155,10 @@ def test_stream__the_format_by_accept_or_query(alice):
 
 def test_stream__ai_sdk_chunks_of_a_run_with_a_tool(alice):
     model = ScriptedClient(
-        [reply(text("Looking."), tool_use("lookup", {"query": "42"}, id="toolu_1")), reply(text("Found."))]
+        [
+            reply(text("Looking."), tool_use("lookup", {"query": "42"}, id="toolu_1")),
+            reply(text("Found.")),
+        ]
     )
     run = start_run("test-agent", "find 42", owner=alice)
     drive(run, model)
@@ -200,7 +203,11 @@ def test_stream__ai_sdk_approval_request_carries_the_calls_api_id(alice):
     chunks = [f.json for f in frames(body) if f.data != "[DONE]"]
     asked = [c for c in chunks if c["type"] == "tool-approval-request"]
     assert asked == [
-        {"type": "tool-approval-request", "approvalId": str(call.pk), "toolCallId": call.tool_call_id}
+        {
+            "type": "tool-approval-request",
+            "approvalId": str(call.pk),
+            "toolCallId": call.tool_call_id,
+        }
     ]
     assert chunks[-1] == {"type": "finish", "finishReason": "tool-calls"}
 
