@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Iterator
 
-import pytest
 from django.db import connection
 
 from django_agentrun import start_run
@@ -21,31 +19,15 @@ from django_agentrun.testing.messages_api import Reply, by_step, text, tool_use
 from tests import factories
 from tests.processes import ASGIServer, wait_resting
 from tests.streams import LiveStream
+from tests.workers.conftest import APP_NAME
 
 AUTH = ("alice", "pw")
-APP_NAME = "agentrun-streams-test"
 LONG = "Otters hold hands while they sleep, so that they do not drift apart. " * 5
 
 
 def slow(*blocks, **options) -> Reply:
     """A reply the stand-in streams slowly: 8 characters a delta, 15 ms apart."""
     return Reply(list(blocks), chunk_size=8, delay=0.015, **options)
-
-
-@pytest.fixture
-def server(workers, stream_redis, settings, tmp_path) -> Iterator[ASGIServer]:
-    extra = {
-        "AGENTRUN_STREAM_URL": stream_redis,
-        "AGENTRUN_STREAM_PREFIX": settings.AGENTRUN_STREAM_PREFIX,
-        "AGENTRUN_STREAM_KEEPALIVE_SECONDS": "0.5",
-        "AGENTRUN_STREAM_POLL_SECONDS": "0.2",
-    }
-    workers.start(**extra)
-    # Its database connections are named, so the test can count them.
-    served = ASGIServer(workers, tmp_path / "uvicorn.log", PGAPPNAME=APP_NAME, **extra)
-    yield served
-    served.stop()
-    print(served.log.read_text()[-3000:])  # shown when the test fails
 
 
 def path(run) -> str:
@@ -86,8 +68,9 @@ def read_with_drops(server: ASGIServer, run, rng: random.Random, timeout: float 
 
 
 def test_streams__reconnects_at_random_miss_nothing_and_repeat_nothing(
-    workers, messages_api, server, figures
+    workers, messages_api, asgi_server, figures
 ):
+    server = asgi_server
     alice = factories.user("alice")
     messages_api.script = by_step(
         [
@@ -144,7 +127,8 @@ def _uvicorn_connections() -> int:
         return cursor.fetchone()[0]
 
 
-def test_streams__hold_no_database_connection_between_reads(workers, server, settings, queue):
+def test_streams__hold_no_database_connection_between_reads(workers, asgi_server, settings, queue):
+    server = asgi_server
     alice = factories.user("alice")
     settings.AGENTRUN_QUEUE = f"{queue}-nobody"  # nobody works on it: it stays queued, active
     run = start_run("test-agent", "wait", owner=alice)
