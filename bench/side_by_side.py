@@ -749,19 +749,22 @@ def report(bench: Bench, plan: Plan, check: dict[str, Any]) -> None:
             print(f"    {m}")
 
     common.section("Targets")
+    # The peer is LangGraph's Postgres saver in sync durability (each step durable
+    # before the next, the guarantee DBOS and django-agentrun give); its default (async)
+    # durability writes behind the loop, and is shown as a figure.
     for k in KS:
-        value = vs_faster(rounds, lambda r, k=k: r.ms[k])
+        value = vs_faster(rounds, lambda r, k=k: r.ms[k], ("dbos", "langgraph_sync"))
         common.check(
             "side-by-side",
-            f"ms per turn, k = {k}: <= {TARGET_SPEED}x the faster of DBOS and LangGraph",
+            f"ms per turn, k = {k}: <= {TARGET_SPEED}x the faster of DBOS and LangGraph sync",
             value <= TARGET_SPEED,
             f"{value:.2f}x (paired per round, median)",
         )
     for k in KS:
-        value = vs_faster(rounds, lambda r, k=k: r.ms[k], ("dbos", "langgraph_sync"))
+        value = vs_faster(rounds, lambda r, k=k: r.ms[k])
         print(
-            f"  [figure] ms per turn, k = {k}, over the faster of DBOS and LangGraph sync: "
-            f"{value:.2f}x"
+            f"  [figure] ms per turn, k = {k}, over the faster of DBOS and LangGraph "
+            f"(async, its default): {value:.2f}x"
         )
     growth = med([r.growth for r in a])
     common.check(

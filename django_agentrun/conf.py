@@ -37,10 +37,15 @@ DEFAULTS: dict[str, Any] = {
     # message waits in its queue, lost its wake-up: the reaper sends another.
     "QUEUED_STALE_SECONDS": 10.0,
     # One advance_run task goes on with a run's next turn in the same process, holding its
-    # lease and its history, for at most this many turns or seconds; then it hands the run
-    # back to the queue, so that runs share the workers fairly.
-    "TURNS_PER_TASK": 10,
+    # lease and its history, for at most this many seconds or turns; then it hands the run
+    # back to the queue, so that runs share the workers fairly (with a real model the
+    # seconds come first; the turns bound only fast, cheap turns).
+    "TURNS_PER_TASK": 50,
     "TASK_SECONDS": 30.0,
+    # Send the engine's fixed statements as prepared statements (parsed and planned once per
+    # database connection). Off for PgBouncer in transaction pooling mode without
+    # max_prepared_statements.
+    "PREPARED_STATEMENTS": True,
     # Rows the reaper handles per batch.
     "REAPER_BATCH_SIZE": 100,
     # After this many crash recoveries the run fails with recovery_exhausted.

@@ -10,7 +10,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
@@ -19,171 +18,421 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.CreateModel(
-            name='Run',
+            name="Run",
             fields=[
-                ('id', models.UUIDField(default=uuid.uuid4, editable=False, primary_key=True, serialize=False)),
-                ('agent', models.CharField(db_index=True, max_length=200)),
-                ('state', django_fsm.FSMField(choices=[('queued', 'Queued'), ('running', 'Running'), ('awaiting_tool', 'Awaiting tool'), ('awaiting_approval', 'Awaiting approval'), ('completed', 'Completed'), ('failed', 'Failed'), ('cancelled', 'Cancelled'), ('timed_out', 'Timed out')], default='queued', max_length=17, protected=True)),
-                ('input', models.JSONField(help_text='The initial user input: a string or content blocks.')),
-                ('config', models.JSONField(default=dict, help_text="Snapshot of the agent's configuration when the run was created.")),
-                ('correlation_id', models.CharField(blank=True, db_index=True, max_length=200)),
-                ('metadata', models.JSONField(blank=True, default=dict)),
-                ('idempotency_key', models.CharField(blank=True, max_length=200, null=True)),
-                ('input_tokens', models.BigIntegerField(default=0)),
-                ('output_tokens', models.BigIntegerField(default=0)),
-                ('cache_creation_input_tokens', models.BigIntegerField(default=0)),
-                ('cache_read_input_tokens', models.BigIntegerField(default=0)),
-                ('cost_usd', models.DecimalField(decimal_places=6, default=0, max_digits=14)),
-                ('turn_count', models.PositiveIntegerField(default=0)),
-                ('output', models.JSONField(blank=True, null=True)),
-                ('stop_reason', models.CharField(blank=True, max_length=64)),
-                ('error_code', models.CharField(blank=True, max_length=64)),
-                ('error_message', models.TextField(blank=True)),
-                ('failure_phase', models.CharField(blank=True, max_length=32)),
-                ('last_checkpoint', models.PositiveIntegerField(blank=True, help_text='Event seq of the last checkpoint before the failure.', null=True)),
-                ('cancel_requested_at', models.DateTimeField(blank=True, null=True)),
-                ('cancel_reason', models.TextField(blank=True)),
-                ('deadline', models.DateTimeField(blank=True, null=True)),
-                ('lease_owner', models.CharField(blank=True, max_length=200)),
-                ('lease_expires_at', models.DateTimeField(blank=True, null=True)),
-                ('lease_epoch', models.BigIntegerField(default=0)),
-                ('recovery_attempts', models.PositiveIntegerField(default=0)),
-                ('last_seq', models.PositiveIntegerField(default=0, help_text='Seq of the newest event.')),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now, editable=False)),
-                ('updated_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('queued_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('started_at', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('cancel_requested_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('owner', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='agent_runs', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.UUIDField(
+                        default=uuid.uuid4, editable=False, primary_key=True, serialize=False
+                    ),
+                ),
+                ("agent", models.CharField(db_index=True, max_length=200)),
+                (
+                    "state",
+                    django_fsm.FSMField(
+                        choices=[
+                            ("queued", "Queued"),
+                            ("running", "Running"),
+                            ("awaiting_tool", "Awaiting tool"),
+                            ("awaiting_approval", "Awaiting approval"),
+                            ("completed", "Completed"),
+                            ("failed", "Failed"),
+                            ("cancelled", "Cancelled"),
+                            ("timed_out", "Timed out"),
+                        ],
+                        default="queued",
+                        max_length=17,
+                        protected=True,
+                    ),
+                ),
+                (
+                    "input",
+                    models.JSONField(
+                        help_text="The initial user input: a string or content blocks."
+                    ),
+                ),
+                (
+                    "config",
+                    models.JSONField(
+                        default=dict,
+                        help_text="Snapshot of the agent's configuration when the run was created.",
+                    ),
+                ),
+                ("correlation_id", models.CharField(blank=True, db_index=True, max_length=200)),
+                ("metadata", models.JSONField(blank=True, default=dict)),
+                ("idempotency_key", models.CharField(blank=True, max_length=200, null=True)),
+                ("input_tokens", models.BigIntegerField(default=0)),
+                ("output_tokens", models.BigIntegerField(default=0)),
+                ("cache_creation_input_tokens", models.BigIntegerField(default=0)),
+                ("cache_read_input_tokens", models.BigIntegerField(default=0)),
+                ("cost_usd", models.DecimalField(decimal_places=6, default=0, max_digits=14)),
+                ("turn_count", models.PositiveIntegerField(default=0)),
+                ("output", models.JSONField(blank=True, null=True)),
+                ("stop_reason", models.CharField(blank=True, max_length=64)),
+                ("error_code", models.CharField(blank=True, max_length=64)),
+                ("error_message", models.TextField(blank=True)),
+                ("failure_phase", models.CharField(blank=True, max_length=32)),
+                (
+                    "last_checkpoint",
+                    models.PositiveIntegerField(
+                        blank=True,
+                        help_text="Event seq of the last checkpoint before the failure.",
+                        null=True,
+                    ),
+                ),
+                ("cancel_requested_at", models.DateTimeField(blank=True, null=True)),
+                ("cancel_reason", models.TextField(blank=True)),
+                ("deadline", models.DateTimeField(blank=True, null=True)),
+                ("lease_owner", models.CharField(blank=True, max_length=200)),
+                ("lease_expires_at", models.DateTimeField(blank=True, null=True)),
+                ("lease_epoch", models.BigIntegerField(default=0)),
+                ("recovery_attempts", models.PositiveIntegerField(default=0)),
+                (
+                    "last_seq",
+                    models.PositiveIntegerField(default=0, help_text="Seq of the newest event."),
+                ),
+                (
+                    "created_at",
+                    models.DateTimeField(default=django.utils.timezone.now, editable=False),
+                ),
+                ("updated_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("queued_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("started_at", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "cancel_requested_by",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "owner",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="agent_runs",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at'],
-                'permissions': [('cancel_run', 'Can cancel and resume agent runs'), ('view_all_runs', 'Can view every agent run, not only their own')],
+                "ordering": ["-created_at"],
+                "permissions": [
+                    ("cancel_run", "Can cancel and resume agent runs"),
+                    ("view_all_runs", "Can view every agent run, not only their own"),
+                ],
             },
             bases=(django_fsm.FSMModelMixin, models.Model),
         ),
         migrations.CreateModel(
-            name='RunEvent',
+            name="RunEvent",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('seq', models.PositiveIntegerField()),
-                ('type', models.CharField(max_length=64)),
-                ('payload', models.JSONField(default=dict, encoder=django.core.serializers.json.DjangoJSONEncoder)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('run', models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='events', to='agentrun.run')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("seq", models.PositiveIntegerField()),
+                ("type", models.CharField(max_length=64)),
+                (
+                    "payload",
+                    models.JSONField(
+                        default=dict, encoder=django.core.serializers.json.DjangoJSONEncoder
+                    ),
+                ),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "run",
+                    models.ForeignKey(
+                        db_index=False,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="events",
+                        to="agentrun.run",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['run', 'seq'],
-                'base_manager_name': 'objects',
+                "ordering": ["run", "seq"],
+                "base_manager_name": "objects",
             },
         ),
         migrations.CreateModel(
-            name='Turn',
+            name="Turn",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('index', models.PositiveIntegerField()),
-                ('state', django_fsm.FSMField(choices=[('running', 'Running'), ('awaiting_tool', 'Awaiting tool'), ('completed', 'Completed'), ('cancelled', 'Cancelled'), ('failed', 'Failed')], default='running', max_length=13, protected=True)),
-                ('is_final', models.BooleanField(default=False, help_text='The last allowed turn: final notice sent, no tools offered.')),
-                ('content', models.JSONField(blank=True, help_text='The assistant content blocks, as the API returned them.', null=True)),
-                ('message_id', models.CharField(blank=True, max_length=200)),
-                ('request_id', models.CharField(blank=True, max_length=200)),
-                ('model', models.CharField(blank=True, max_length=200)),
-                ('stop_reason', models.CharField(blank=True, max_length=64)),
-                ('input_tokens', models.BigIntegerField(default=0)),
-                ('output_tokens', models.BigIntegerField(default=0)),
-                ('cache_creation_input_tokens', models.BigIntegerField(default=0)),
-                ('cache_read_input_tokens', models.BigIntegerField(default=0)),
-                ('model_attempts', models.PositiveIntegerField(default=0)),
-                ('started_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('run', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='turns', to='agentrun.run')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("index", models.PositiveIntegerField()),
+                (
+                    "state",
+                    django_fsm.FSMField(
+                        choices=[
+                            ("running", "Running"),
+                            ("awaiting_tool", "Awaiting tool"),
+                            ("completed", "Completed"),
+                            ("cancelled", "Cancelled"),
+                            ("failed", "Failed"),
+                        ],
+                        default="running",
+                        max_length=13,
+                        protected=True,
+                    ),
+                ),
+                (
+                    "is_final",
+                    models.BooleanField(
+                        default=False,
+                        help_text="The last allowed turn: final notice sent, no tools offered.",
+                    ),
+                ),
+                (
+                    "content",
+                    models.JSONField(
+                        blank=True,
+                        help_text="The assistant content blocks, as the API returned them.",
+                        null=True,
+                    ),
+                ),
+                ("message_id", models.CharField(blank=True, max_length=200)),
+                ("request_id", models.CharField(blank=True, max_length=200)),
+                ("model", models.CharField(blank=True, max_length=200)),
+                ("stop_reason", models.CharField(blank=True, max_length=64)),
+                ("input_tokens", models.BigIntegerField(default=0)),
+                ("output_tokens", models.BigIntegerField(default=0)),
+                ("cache_creation_input_tokens", models.BigIntegerField(default=0)),
+                ("cache_read_input_tokens", models.BigIntegerField(default=0)),
+                ("model_attempts", models.PositiveIntegerField(default=0)),
+                ("started_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "run",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="turns",
+                        to="agentrun.run",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['run', 'index'],
+                "ordering": ["run", "index"],
             },
             bases=(django_fsm.FSMModelMixin, models.Model),
         ),
         migrations.CreateModel(
-            name='ToolCall',
+            name="ToolCall",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('turn_index', models.PositiveIntegerField()),
-                ('tool_call_id', models.CharField(help_text="The model's tool_use id (toolu_...).", max_length=200)),
-                ('position', models.PositiveIntegerField()),
-                ('name', models.CharField(max_length=200)),
-                ('arguments', models.JSONField(default=dict, help_text='Canonical arguments (as validated).')),
-                ('arguments_hash', models.CharField(max_length=64)),
-                ('side_effect', models.CharField(choices=[('read_only', 'Read only'), ('idempotent_write', 'Idempotent write'), ('non_idempotent', 'Non-idempotent'), ('atomic', 'Atomic (ORM only)')], default='read_only', max_length=16)),
-                ('idempotency_key', models.CharField(max_length=64)),
-                ('state', django_fsm.FSMField(choices=[('requested', 'Requested'), ('awaiting_approval', 'Awaiting approval'), ('in_flight', 'In flight'), ('unknown', 'Unknown'), ('succeeded', 'Succeeded'), ('errored', 'Errored'), ('rejected', 'Rejected'), ('skipped', 'Skipped'), ('cancelled', 'Cancelled')], default='requested', max_length=17, protected=True)),
-                ('attempt', models.PositiveIntegerField(default=0)),
-                ('started_at', models.DateTimeField(blank=True, null=True)),
-                ('heartbeat_at', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('result', models.JSONField(blank=True, help_text='The tool_result content.', null=True)),
-                ('is_error', models.BooleanField(default=False)),
-                ('result_source', models.CharField(blank=True, choices=[('executed', 'Executed'), ('reconciled', 'Reconciled'), ('person', 'Decided by a person'), ('synthetic', 'Synthetic')], max_length=10)),
-                ('unknown_reason', models.TextField(blank=True)),
-                ('approved', models.BooleanField(default=False)),
-                ('approval_payload', models.JSONField(blank=True, null=True)),
-                ('approval_deadline', models.DateTimeField(blank=True, null=True)),
-                ('decided_at', models.DateTimeField(blank=True, null=True)),
-                ('decision_note', models.TextField(blank=True)),
-                ('original_arguments', models.JSONField(blank=True, help_text="The model's arguments, when a person edited them.", null=True)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('decided_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('run', models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='tool_calls', to='agentrun.run')),
-                ('turn', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='tool_calls', to='agentrun.turn')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("turn_index", models.PositiveIntegerField()),
+                (
+                    "tool_call_id",
+                    models.CharField(
+                        help_text="The model's tool_use id (toolu_...).", max_length=200
+                    ),
+                ),
+                ("position", models.PositiveIntegerField()),
+                ("name", models.CharField(max_length=200)),
+                (
+                    "arguments",
+                    models.JSONField(default=dict, help_text="Canonical arguments (as validated)."),
+                ),
+                ("arguments_hash", models.CharField(max_length=64)),
+                (
+                    "side_effect",
+                    models.CharField(
+                        choices=[
+                            ("read_only", "Read only"),
+                            ("idempotent_write", "Idempotent write"),
+                            ("non_idempotent", "Non-idempotent"),
+                            ("atomic", "Atomic (ORM only)"),
+                        ],
+                        default="read_only",
+                        max_length=16,
+                    ),
+                ),
+                ("idempotency_key", models.CharField(max_length=64)),
+                (
+                    "state",
+                    django_fsm.FSMField(
+                        choices=[
+                            ("requested", "Requested"),
+                            ("awaiting_approval", "Awaiting approval"),
+                            ("in_flight", "In flight"),
+                            ("unknown", "Unknown"),
+                            ("succeeded", "Succeeded"),
+                            ("errored", "Errored"),
+                            ("rejected", "Rejected"),
+                            ("skipped", "Skipped"),
+                            ("cancelled", "Cancelled"),
+                        ],
+                        default="requested",
+                        max_length=17,
+                        protected=True,
+                    ),
+                ),
+                ("attempt", models.PositiveIntegerField(default=0)),
+                ("started_at", models.DateTimeField(blank=True, null=True)),
+                ("heartbeat_at", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "result",
+                    models.JSONField(blank=True, help_text="The tool_result content.", null=True),
+                ),
+                ("is_error", models.BooleanField(default=False)),
+                (
+                    "result_source",
+                    models.CharField(
+                        blank=True,
+                        choices=[
+                            ("executed", "Executed"),
+                            ("reconciled", "Reconciled"),
+                            ("person", "Decided by a person"),
+                            ("synthetic", "Synthetic"),
+                        ],
+                        max_length=10,
+                    ),
+                ),
+                ("unknown_reason", models.TextField(blank=True)),
+                ("approved", models.BooleanField(default=False)),
+                ("approval_payload", models.JSONField(blank=True, null=True)),
+                ("approval_deadline", models.DateTimeField(blank=True, null=True)),
+                ("decided_at", models.DateTimeField(blank=True, null=True)),
+                ("decision_note", models.TextField(blank=True)),
+                (
+                    "original_arguments",
+                    models.JSONField(
+                        blank=True,
+                        help_text="The model's arguments, when a person edited them.",
+                        null=True,
+                    ),
+                ),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "decided_by",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "run",
+                    models.ForeignKey(
+                        db_index=False,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="tool_calls",
+                        to="agentrun.run",
+                    ),
+                ),
+                (
+                    "turn",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="tool_calls",
+                        to="agentrun.turn",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['run', 'turn_index', 'position'],
-                'permissions': [('approve_toolcall', 'Can approve, reject and resolve tool calls')],
+                "ordering": ["run", "turn_index", "position"],
+                "permissions": [("approve_toolcall", "Can approve, reject and resolve tool calls")],
             },
             bases=(django_fsm.FSMModelMixin, models.Model),
         ),
         migrations.AddIndex(
-            model_name='run',
-            index=models.Index(condition=models.Q(('state__in', ['running', 'awaiting_tool'])), fields=['lease_expires_at'], name='agentrun_run_leased_idx'),
+            model_name="run",
+            index=models.Index(
+                condition=models.Q(("state__in", ["running", "awaiting_tool"])),
+                fields=["lease_expires_at"],
+                name="agentrun_run_leased_idx",
+            ),
         ),
         migrations.AddIndex(
-            model_name='run',
-            index=models.Index(condition=models.Q(('state', 'queued')), fields=['queued_at'], name='agentrun_run_queued_idx'),
+            model_name="run",
+            index=models.Index(
+                condition=models.Q(("state", "queued")),
+                fields=["queued_at"],
+                name="agentrun_run_queued_idx",
+            ),
         ),
         migrations.AddIndex(
-            model_name='run',
-            index=models.Index(condition=models.Q(('deadline__isnull', False), ('state__in', ['awaiting_approval', 'awaiting_tool', 'queued', 'running'])), fields=['deadline'], name='agentrun_run_deadline_idx'),
+            model_name="run",
+            index=models.Index(
+                condition=models.Q(
+                    ("deadline__isnull", False),
+                    ("state__in", ["awaiting_approval", "awaiting_tool", "queued", "running"]),
+                ),
+                fields=["deadline"],
+                name="agentrun_run_deadline_idx",
+            ),
         ),
         migrations.AddIndex(
-            model_name='run',
-            index=models.Index(fields=['owner', '-created_at'], name='agentrun_run_owner_idx'),
+            model_name="run",
+            index=models.Index(fields=["owner", "-created_at"], name="agentrun_run_owner_idx"),
         ),
         migrations.AddConstraint(
-            model_name='run',
-            constraint=models.UniqueConstraint(condition=models.Q(('idempotency_key__isnull', False), ('owner__isnull', False)), fields=('owner', 'idempotency_key'), name='agentrun_run_owner_idem_key'),
+            model_name="run",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("idempotency_key__isnull", False), ("owner__isnull", False)),
+                fields=("owner", "idempotency_key"),
+                name="agentrun_run_owner_idem_key",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='run',
-            constraint=models.UniqueConstraint(condition=models.Q(('idempotency_key__isnull', False), ('owner__isnull', True)), fields=('idempotency_key',), name='agentrun_run_anon_idem_key'),
+            model_name="run",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("idempotency_key__isnull", False), ("owner__isnull", True)),
+                fields=("idempotency_key",),
+                name="agentrun_run_anon_idem_key",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='runevent',
-            constraint=models.UniqueConstraint(fields=('run', 'seq'), name='agentrun_runevent_seq'),
+            model_name="runevent",
+            constraint=models.UniqueConstraint(fields=("run", "seq"), name="agentrun_runevent_seq"),
         ),
         migrations.AddConstraint(
-            model_name='turn',
-            constraint=models.UniqueConstraint(fields=('run', 'index'), name='agentrun_turn_run_index'),
+            model_name="turn",
+            constraint=models.UniqueConstraint(
+                fields=("run", "index"), name="agentrun_turn_run_index"
+            ),
         ),
         migrations.AddIndex(
-            model_name='toolcall',
-            index=models.Index(condition=models.Q(('state__in', ['awaiting_approval', 'unknown'])), fields=['created_at'], name='agentrun_toolcall_pending_idx'),
+            model_name="toolcall",
+            index=models.Index(
+                condition=models.Q(("state__in", ["awaiting_approval", "unknown"])),
+                fields=["created_at"],
+                name="agentrun_toolcall_pending_idx",
+            ),
         ),
         migrations.AddIndex(
-            model_name='toolcall',
-            index=models.Index(condition=models.Q(('approval_deadline__isnull', False), ('state', 'awaiting_approval')), fields=['approval_deadline'], name='agentrun_toolcall_appr_dl_idx'),
+            model_name="toolcall",
+            index=models.Index(
+                condition=models.Q(
+                    ("approval_deadline__isnull", False), ("state", "awaiting_approval")
+                ),
+                fields=["approval_deadline"],
+                name="agentrun_toolcall_appr_dl_idx",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='toolcall',
-            constraint=models.UniqueConstraint(fields=('run', 'turn_index', 'tool_call_id'), name='agentrun_toolcall_key'),
+            model_name="toolcall",
+            constraint=models.UniqueConstraint(
+                fields=("run", "turn_index", "tool_call_id"), name="agentrun_toolcall_key"
+            ),
         ),
     ]

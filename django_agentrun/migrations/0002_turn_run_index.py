@@ -5,15 +5,19 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('agentrun', '0001_initial'),
+        ("agentrun", "0001_initial"),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name='turn',
-            name='run',
-            field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='turns', to='agentrun.run'),
+            model_name="turn",
+            name="run",
+            field=models.ForeignKey(
+                db_index=False,
+                on_delete=django.db.models.deletion.CASCADE,
+                related_name="turns",
+                to="agentrun.run",
+            ),
         ),
     ]

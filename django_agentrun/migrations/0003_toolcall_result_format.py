@@ -4,20 +4,27 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('agentrun', '0002_turn_run_index'),
+        ("agentrun", "0002_turn_run_index"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='toolcall',
-            name='result_format',
-            field=models.CharField(choices=[('json', 'JSON value'), ('content', 'Content blocks')], default='json', max_length=7),
+            model_name="toolcall",
+            name="result_format",
+            field=models.CharField(
+                choices=[("json", "JSON value"), ("content", "Content blocks")],
+                default="json",
+                max_length=7,
+            ),
         ),
         migrations.AlterField(
-            model_name='toolcall',
-            name='result',
-            field=models.JSONField(blank=True, help_text='The result: a JSON value, or content blocks (result_format).', null=True),
+            model_name="toolcall",
+            name="result",
+            field=models.JSONField(
+                blank=True,
+                help_text="The result: a JSON value, or content blocks (result_format).",
+                null=True,
+            ),
         ),
     ]

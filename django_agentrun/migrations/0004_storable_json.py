@@ -5,60 +5,110 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('agentrun', '0003_toolcall_result_format'),
+        ("agentrun", "0003_toolcall_result_format"),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name='run',
-            name='config',
-            field=models.JSONField(decoder=django_agentrun.fields.StorableJSONDecoder, default=dict, encoder=django_agentrun.fields.StorableJSONEncoder, help_text="Snapshot of the agent's configuration when the run was created."),
+            model_name="run",
+            name="config",
+            field=models.JSONField(
+                decoder=django_agentrun.fields.StorableJSONDecoder,
+                default=dict,
+                encoder=django_agentrun.fields.StorableJSONEncoder,
+                help_text="Snapshot of the agent's configuration when the run was created.",
+            ),
         ),
         migrations.AlterField(
-            model_name='run',
-            name='input',
-            field=models.JSONField(decoder=django_agentrun.fields.StorableJSONDecoder, encoder=django_agentrun.fields.StorableJSONEncoder, help_text='The initial user input: a string or content blocks.'),
+            model_name="run",
+            name="input",
+            field=models.JSONField(
+                decoder=django_agentrun.fields.StorableJSONDecoder,
+                encoder=django_agentrun.fields.StorableJSONEncoder,
+                help_text="The initial user input: a string or content blocks.",
+            ),
         ),
         migrations.AlterField(
-            model_name='run',
-            name='metadata',
-            field=models.JSONField(blank=True, decoder=django_agentrun.fields.StorableJSONDecoder, default=dict, encoder=django_agentrun.fields.StorableJSONEncoder),
+            model_name="run",
+            name="metadata",
+            field=models.JSONField(
+                blank=True,
+                decoder=django_agentrun.fields.StorableJSONDecoder,
+                default=dict,
+                encoder=django_agentrun.fields.StorableJSONEncoder,
+            ),
         ),
         migrations.AlterField(
-            model_name='run',
-            name='output',
-            field=models.JSONField(blank=True, decoder=django_agentrun.fields.StorableJSONDecoder, encoder=django_agentrun.fields.StorableJSONEncoder, null=True),
+            model_name="run",
+            name="output",
+            field=models.JSONField(
+                blank=True,
+                decoder=django_agentrun.fields.StorableJSONDecoder,
+                encoder=django_agentrun.fields.StorableJSONEncoder,
+                null=True,
+            ),
         ),
         migrations.AlterField(
-            model_name='runevent',
-            name='payload',
-            field=models.JSONField(decoder=django_agentrun.fields.StorableJSONDecoder, default=dict, encoder=django_agentrun.fields.StorableJSONEncoder),
+            model_name="runevent",
+            name="payload",
+            field=models.JSONField(
+                decoder=django_agentrun.fields.StorableJSONDecoder,
+                default=dict,
+                encoder=django_agentrun.fields.StorableJSONEncoder,
+            ),
         ),
         migrations.AlterField(
-            model_name='toolcall',
-            name='approval_payload',
-            field=models.JSONField(blank=True, decoder=django_agentrun.fields.StorableJSONDecoder, encoder=django_agentrun.fields.StorableJSONEncoder, null=True),
+            model_name="toolcall",
+            name="approval_payload",
+            field=models.JSONField(
+                blank=True,
+                decoder=django_agentrun.fields.StorableJSONDecoder,
+                encoder=django_agentrun.fields.StorableJSONEncoder,
+                null=True,
+            ),
         ),
         migrations.AlterField(
-            model_name='toolcall',
-            name='arguments',
-            field=models.JSONField(decoder=django_agentrun.fields.StorableJSONDecoder, default=dict, encoder=django_agentrun.fields.StorableJSONEncoder, help_text='Canonical arguments (as validated).'),
+            model_name="toolcall",
+            name="arguments",
+            field=models.JSONField(
+                decoder=django_agentrun.fields.StorableJSONDecoder,
+                default=dict,
+                encoder=django_agentrun.fields.StorableJSONEncoder,
+                help_text="Canonical arguments (as validated).",
+            ),
         ),
         migrations.AlterField(
-            model_name='toolcall',
-            name='original_arguments',
-            field=models.JSONField(blank=True, decoder=django_agentrun.fields.StorableJSONDecoder, encoder=django_agentrun.fields.StorableJSONEncoder, help_text="The model's arguments, when a person edited them.", null=True),
+            model_name="toolcall",
+            name="original_arguments",
+            field=models.JSONField(
+                blank=True,
+                decoder=django_agentrun.fields.StorableJSONDecoder,
+                encoder=django_agentrun.fields.StorableJSONEncoder,
+                help_text="The model's arguments, when a person edited them.",
+                null=True,
+            ),
         ),
         migrations.AlterField(
-            model_name='toolcall',
-            name='result',
-            field=models.JSONField(blank=True, decoder=django_agentrun.fields.StorableJSONDecoder, encoder=django_agentrun.fields.StorableJSONEncoder, help_text='The result: a JSON value, or content blocks (result_format).', null=True),
+            model_name="toolcall",
+            name="result",
+            field=models.JSONField(
+                blank=True,
+                decoder=django_agentrun.fields.StorableJSONDecoder,
+                encoder=django_agentrun.fields.StorableJSONEncoder,
+                help_text="The result: a JSON value, or content blocks (result_format).",
+                null=True,
+            ),
         ),
         migrations.AlterField(
-            model_name='turn',
-            name='content',
-            field=models.JSONField(blank=True, decoder=django_agentrun.fields.StorableJSONDecoder, encoder=django_agentrun.fields.StorableJSONEncoder, help_text='The assistant content blocks, as the API returned them.', null=True),
+            model_name="turn",
+            name="content",
+            field=models.JSONField(
+                blank=True,
+                decoder=django_agentrun.fields.StorableJSONDecoder,
+                encoder=django_agentrun.fields.StorableJSONEncoder,
+                help_text="The assistant content blocks, as the API returned them.",
+                null=True,
+            ),
         ),
     ]

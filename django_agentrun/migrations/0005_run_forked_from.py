@@ -5,20 +5,30 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('agentrun', '0004_storable_json'),
+        ("agentrun", "0004_storable_json"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='run',
-            name='forked_at_turn',
-            field=models.PositiveIntegerField(blank=True, help_text='The turn of the original this run asked the model again (its turns before it are copies).', null=True),
+            model_name="run",
+            name="forked_at_turn",
+            field=models.PositiveIntegerField(
+                blank=True,
+                help_text="The turn of the original this run asked the model again (its turns before it are copies).",
+                null=True,
+            ),
         ),
         migrations.AddField(
-            model_name='run',
-            name='forked_from',
-            field=models.ForeignKey(blank=True, help_text='The run this one was forked from.', null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='forks', to='agentrun.run'),
+            model_name="run",
+            name="forked_from",
+            field=models.ForeignKey(
+                blank=True,
+                help_text="The run this one was forked from.",
+                null=True,
+                on_delete=django.db.models.deletion.SET_NULL,
+                related_name="forks",
+                to="agentrun.run",
+            ),
         ),
     ]

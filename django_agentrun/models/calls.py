@@ -129,7 +129,12 @@ class ToolCall(FSMModelMixin, models.Model):
     approval_payload = json_field(null=True, blank=True)
     approval_deadline = models.DateTimeField(null=True, blank=True)
     decided_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        db_index=False,  # a partial index (Meta.indexes): most calls need no person
     )
     decided_at = models.DateTimeField(null=True, blank=True)
     decision_note = models.TextField(blank=True)
@@ -153,6 +158,11 @@ class ToolCall(FSMModelMixin, models.Model):
                 fields=["created_at"],
                 condition=Q(state__in=[ToolCallState.AWAITING_APPROVAL, ToolCallState.UNKNOWN]),
                 name="agentrun_toolcall_pending_idx",
+            ),
+            models.Index(
+                fields=["decided_by"],
+                condition=Q(decided_by__isnull=False),
+                name="agentrun_toolcall_decider_idx",
             ),
             models.Index(
                 fields=["approval_deadline"],

@@ -54,7 +54,8 @@ class Run(FSMModelMixin, UsageCounts):
     """One durable agent run."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    agent = models.CharField(max_length=200, db_index=True)
+    # Indexed in Meta.indexes (a plain index: no LIKE pattern index beside it).
+    agent = models.CharField(max_length=200)
     state = FSMField(
         default=RunState.QUEUED,
         choices=RunState.choices,
@@ -65,13 +66,15 @@ class Run(FSMModelMixin, UsageCounts):
     config = json_field(
         default=dict, help_text="Snapshot of the agent's configuration when the run was created."
     )
-    correlation_id = models.CharField(max_length=200, blank=True, db_index=True)
+    correlation_id = models.CharField(max_length=200, blank=True)
+    # Indexed by agentrun_run_owner_idx (owner, -created_at), which serves its lookups too.
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL,
         null=True,
         blank=True,
         on_delete=models.SET_NULL,
         related_name="agent_runs",
+        db_index=False,
     )
     metadata = json_field(default=dict, blank=True)
     # NULL, not "": runs without a key must not collide in the unique constraints.
@@ -98,6 +101,7 @@ class Run(FSMModelMixin, UsageCounts):
         blank=True,
         on_delete=models.SET_NULL,
         related_name="+",
+        db_index=False,  # a partial index (Meta.indexes): most runs have none
     )
     deadline = models.DateTimeField(null=True, blank=True)
 
@@ -115,6 +119,7 @@ class Run(FSMModelMixin, UsageCounts):
         on_delete=models.SET_NULL,
         related_name="forks",
         help_text="The run this one was forked from.",
+        db_index=False,  # a partial index (Meta.indexes): most runs are no fork
     )
     forked_at_turn = models.PositiveIntegerField(
         null=True,
@@ -167,6 +172,21 @@ class Run(FSMModelMixin, UsageCounts):
                 name="agentrun_run_deadline_idx",
             ),
             models.Index(fields=["owner", "-created_at"], name="agentrun_run_owner_idx"),
+            # The run row is written at every commit of its advance, and every index it has
+            # is written with it (the state changes, so no update is HOT): plain indexes
+            # (no LIKE pattern twins), and partial ones for columns that are mostly NULL.
+            models.Index(fields=["agent"], name="agentrun_run_agent_idx"),
+            models.Index(fields=["correlation_id"], name="agentrun_run_correlation_idx"),
+            models.Index(
+                fields=["cancel_requested_by"],
+                condition=Q(cancel_requested_by__isnull=False),
+                name="agentrun_run_cancelled_by_idx",
+            ),
+            models.Index(
+                fields=["forked_from"],
+                condition=Q(forked_from__isnull=False),
+                name="agentrun_run_forked_from_idx",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -81,8 +81,11 @@ SELECT statement_timestamp()
 -- Rows to change come as JSON lists of {"id", "expected" (the state the row was read in),
 -- "changes" (column -> new value)}; a column absent from "changes" keeps its value (and a
 -- large value stays where TOAST put it). Rows to add come as JSON lists of whole rows. The
--- run's new values come in %(run_changes)s the same way; %(lease)s says what happens to the
+-- run's new values come in %(run_changes)s the same way; %(lease)s::text says what happens to the
 -- lease's expiry: 'keep', 'now' (released, or run out) or 'renew'.
+--
+-- Every parameter is cast: the statement is prepared once per connection (store/sql.py),
+-- with no value to infer a type from.
 --
 -- Refusals: r matches only if the run is still in %(expected_state)s (when given), still
 -- held under %(epoch)s by %(owner)s (when given), and every row change matched its row.
@@ -174,9 +177,9 @@ r AS (
   UPDATE "agentrun_run" AS r SET
     "state" = CASE WHEN s.changes ? 'state' THEN p."state" ELSE r."state" END,
     "lease_owner" = CASE WHEN s.changes ? 'lease_owner' THEN p."lease_owner" ELSE r."lease_owner" END,
-    "lease_expires_at" = CASE %(lease)s
+    "lease_expires_at" = CASE %(lease)s::text
         WHEN 'now' THEN statement_timestamp()
-        WHEN 'renew' THEN statement_timestamp() + %(lease_seconds)s * interval '1 second'
+        WHEN 'renew' THEN statement_timestamp() + %(lease_seconds)s::float8 * interval '1 second'
         ELSE r."lease_expires_at" END,
     "recovery_attempts" = CASE WHEN s.changes ? 'recovery_attempts' THEN p."recovery_attempts" ELSE r."recovery_attempts" END,
     "output" = CASE WHEN s.changes ? 'output' THEN p."output" ELSE r."output" END,
@@ -192,28 +195,28 @@ r AS (
     "queued_at" = CASE WHEN s.changes ? 'queued_at' THEN p."queued_at" ELSE r."queued_at" END,
     "started_at" = CASE WHEN s.changes ? 'started_at' THEN p."started_at" ELSE r."started_at" END,
     "finished_at" = CASE WHEN s.changes ? 'finished_at' THEN p."finished_at" ELSE r."finished_at" END,
-    "input_tokens" = r."input_tokens" + %(input_tokens)s,
-    "output_tokens" = r."output_tokens" + %(output_tokens)s,
-    "cache_creation_input_tokens" = r."cache_creation_input_tokens" + %(cache_creation_input_tokens)s,
-    "cache_read_input_tokens" = r."cache_read_input_tokens" + %(cache_read_input_tokens)s,
-    "cost_usd" = r."cost_usd" + %(cost_usd)s,
-    "turn_count" = r."turn_count" + %(turn_count)s,
-    "last_seq" = r."last_seq" + %(event_count)s,
+    "input_tokens" = r."input_tokens" + %(input_tokens)s::bigint,
+    "output_tokens" = r."output_tokens" + %(output_tokens)s::bigint,
+    "cache_creation_input_tokens" = r."cache_creation_input_tokens" + %(cache_creation_input_tokens)s::bigint,
+    "cache_read_input_tokens" = r."cache_read_input_tokens" + %(cache_read_input_tokens)s::bigint,
+    "cost_usd" = r."cost_usd" + %(cost_usd)s::numeric,
+    "turn_count" = r."turn_count" + %(turn_count)s::integer,
+    "last_seq" = r."last_seq" + %(event_count)s::integer,
     "updated_at" = statement_timestamp()
   FROM (SELECT %(run_changes)s::jsonb AS changes) AS s,
        LATERAL jsonb_populate_record(NULL::"agentrun_run", s.changes) AS p
-  WHERE r."id" = %(run_id)s
+  WHERE r."id" = %(run_id)s::uuid
     AND (%(expected_state)s::text IS NULL OR r."state" = %(expected_state)s::text)
     AND (%(epoch)s::bigint IS NULL
          OR (r."lease_epoch" = %(epoch)s::bigint AND r."lease_owner" = %(owner)s::text))
-    AND (SELECT count(*) FROM turns_changed) = %(turns_changed_count)s
-    AND (SELECT count(*) FROM calls_changed) = %(calls_changed_count)s
+    AND (SELECT count(*) FROM turns_changed) = %(turns_changed_count)s::integer
+    AND (SELECT count(*) FROM calls_changed) = %(calls_changed_count)s::integer
   RETURNING r."last_seq", r."cancel_requested_at", r."lease_expires_at"
 ),
 events AS (
   INSERT INTO "agentrun_runevent" ("run_id", "seq", "type", "payload", "created_at")
-  SELECT %(run_id)s,
-         COALESCE((SELECT r."last_seq" FROM r) - %(event_count)s + v.i, 1),
+  SELECT %(run_id)s::uuid,
+         COALESCE((SELECT r."last_seq" FROM r) - %(event_count)s::integer + v.i, 1),
          v.e ->> 'type', v.e -> 'payload', statement_timestamp()
   FROM jsonb_array_elements(%(events)s::jsonb) WITH ORDINALITY AS v(e, i)
 )

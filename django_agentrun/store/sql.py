@@ -1,13 +1,30 @@
-"""The named statements of queries.sql, loaded once: `sql("claim_released")`.
+"""The named statements of queries.sql, loaded once, and how they are sent.
 
-Each is complete: values are named parameters (`%(name)s`), nothing is spliced in."""
+    sql("claim_released")                    # the text, with %(name)s parameters
+    execute(cursor, "write", {"run_id": ...})  # sent as a prepared statement
+
+Each statement is complete: values are named parameters, nothing is spliced in. On
+Postgres, `execute` prepares a statement once per connection (`PREPARE agentrun_<name>`)
+and sends `EXECUTE` after that: the statement is parsed and planned once, not for every
+commit (its text is long: one statement serves every write shape). With
+AGENTRUN_PREPARED_STATEMENTS = False (PgBouncer in transaction pooling mode without
+`max_prepared_statements`), it is sent as it is each time.
+"""
 
 from __future__ import annotations
 
+import functools
 import re
+import weakref
 from importlib.resources import files
+from typing import Any
+
+from django.db import DatabaseError, connection
+
+from ..conf import agentrun_settings
 
 _NAME = re.compile(r"^-- name: (\w+)\s*$")
+_PARAMETER = re.compile(r"%\((\w+)\)s")
 
 
 def _load(text: str) -> dict[str, str]:
@@ -30,3 +47,52 @@ QUERIES = _load(files(__package__).joinpath("queries.sql").read_text(encoding="u
 def sql(name: str) -> str:
     """The statement `name`."""
     return QUERIES[name]
+
+
+@functools.cache
+def positional(name: str) -> tuple[str, tuple[str, ...]]:
+    """The statement `name` with $1, $2... for its parameters, and their names in order."""
+    names: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        if match.group(1) not in names:
+            names.append(match.group(1))
+        return f"${names.index(match.group(1)) + 1}"
+
+    return _PARAMETER.sub(number, QUERIES[name]), tuple(names)
+
+
+# The statements prepared on each database connection (the driver's connection object).
+_prepared: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
+
+
+def execute(cursor: Any, name: str, params: dict[str, Any]) -> None:
+    """Send the statement `name` with `params` through `cursor`: prepared on Postgres."""
+    if connection.vendor != "postgresql" or not agentrun_settings.PREPARED_STATEMENTS:
+        cursor.execute(QUERIES[name], params)
+        return
+    raw = connection.connection
+    done = _prepared.setdefault(raw, set())
+    text, names = positional(name)
+    if name not in done:
+        cursor.execute(f"PREPARE agentrun_{name} AS {text}")
+        done.add(name)
+    placeholders = ", ".join(["%s"] * len(names))
+    values = [params[n] for n in names]
+    try:
+        cursor.execute(f"EXECUTE agentrun_{name}({placeholders})", values)
+    except DatabaseError as exc:
+        # Gone from the session (DISCARD ALL behind a pooler): prepare it again, once, when
+        # no transaction of the caller's was aborted by the error.
+        if _sqlstate(exc) != _NO_SUCH_STATEMENT or connection.in_atomic_block:
+            raise
+        cursor.execute(f"PREPARE agentrun_{name} AS {text}")
+        cursor.execute(f"EXECUTE agentrun_{name}({placeholders})", values)
+
+
+_NO_SUCH_STATEMENT = "26000"  # invalid_sql_statement_name
+
+
+def _sqlstate(exc: Exception) -> str | None:
+    cause = exc.__cause__
+    return getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)

@@ -61,9 +61,19 @@ def _state(run, call):
 
 
 def _name(statement: str) -> str:
-    """`write` for queries.sql's write statement (as sent, with its values), else the SQL."""
+    """`write` for queries.sql's write statement as sent (EXECUTE of its prepared form, or its
+    text), `prepare` for its PREPARE, else the SQL."""
     head = sql("write").split("\n", 1)[0] + "\n" + sql("write").split("\n", 2)[1]
-    return "write" if statement.startswith(head) else statement
+    if statement.startswith("PREPARE agentrun_write AS "):
+        return "prepare"
+    if statement.startswith("EXECUTE agentrun_write(") or statement.startswith(head):
+        return "write"
+    return statement
+
+
+def _sent(ctx) -> list[str]:
+    """What was sent, but the once-per-connection PREPARE."""
+    return [n for n in (_name(q["sql"]) for q in ctx.captured_queries) if n != "prepare"]
 
 
 def _start(run, lease, call) -> store.Write:
@@ -80,7 +90,7 @@ def test_lone_write__one_statement_in_autocommit(leased, monkeypatch):
     write = _start(run, lease, call)
     with CaptureQueriesContext(connection) as ctx:
         store.send(write)
-    assert [_name(q["sql"]) for q in ctx.captured_queries] == ["write"]
+    assert _sent(ctx) == ["write"]
     assert commits == []  # no BEGIN/COMMIT: the statement committed itself
     assert write.cancel_requested is False
     assert run.last_seq == before[0] + 1
@@ -131,7 +141,7 @@ def test_lone_write__added_rows_get_their_ids_with_a_new_turn(leased):
     write.record(("calls", {}))
     with CaptureQueriesContext(connection) as ctx:
         store.send(write)
-    assert len(ctx.captured_queries) == 1
+    assert _sent(ctx) == ["write"]
     assert turn.pk is not None and all(c.pk and not c._state.adding for c in calls)
     stored = ToolCall.objects.filter(pk__in=[c.pk for c in calls])
     assert {(c.pk, c.position, c.turn_id) for c in stored} == {
@@ -159,7 +169,7 @@ def test_write__without_events_gets_a_transaction_of_its_own(leased):
     write.change(turn, None, model="changed")
     with CaptureQueriesContext(connection) as ctx, pytest.raises(LeaseLost):
         store.send(write)
-    assert [_name(q["sql"]) for q in ctx.captured_queries][:2] == ["BEGIN", "write"]
+    assert _sent(ctx)[:2] == ["BEGIN", "write"]
     assert Turn.objects.get(pk=turn.pk).model == ""
 
 
@@ -191,6 +201,51 @@ def test_write__sees_a_cancel_request(leased):
     write = _start(run, lease, call)
     store.send(write)
     assert write.cancel_requested is True
+
+
+def test_write__prepared_once_per_connection(leased):
+    run, lease, _turn, _call = leased
+    names = []
+    for _ in range(3):
+        write = store.Write(run, lease)
+        write.record(("note", {}))
+        with CaptureQueriesContext(connection) as ctx:
+            store.send(write)
+        names += [_name(q["sql"]) for q in ctx.captured_queries]
+    assert names.count("write") == 3 and names.count("prepare") <= 1
+    assert all(q.startswith("EXECUTE") for q in _texts(ctx))
+    connection.close()  # a new connection prepares it again
+    write = store.Write(Run.objects.get(pk=run.pk), lease)
+    write.record(("note", {}))
+    with CaptureQueriesContext(connection) as ctx:
+        store.send(write)
+    assert [_name(q["sql"]) for q in ctx.captured_queries][-2:] == ["prepare", "write"]
+
+
+def test_write__prepared_again_when_the_session_lost_it(leased):
+    """Behind a pooler a session can lose its prepared statements (DISCARD ALL)."""
+    run, lease, _turn, _call = leased
+    for _ in range(2):
+        write = store.Write(run, lease)
+        write.record(("note", {}))
+        store.send(write)
+        with connection.cursor() as cursor:
+            cursor.execute("DEALLOCATE ALL")
+    assert RunEvent.objects.filter(run_id=run.pk, type="note").count() == 2
+
+
+def test_write__not_prepared_when_the_setting_says_so(leased, settings):
+    settings.AGENTRUN_PREPARED_STATEMENTS = False
+    run, lease, _turn, _call = leased
+    write = store.Write(run, lease)
+    write.record(("note", {}))
+    with CaptureQueriesContext(connection) as ctx:
+        store.send(write)
+    assert [q["sql"].split()[0] for q in ctx.captured_queries] == ["WITH"]
+
+
+def _texts(ctx) -> list[str]:
+    return [q["sql"] for q in ctx.captured_queries]
 
 
 def test_fence__refusal_rides_on_the_named_unique_constraint():
