@@ -1,9 +1,14 @@
 """What a live stream reads from the database, in short synchronous calls run on the event
 loop's shared thread pool (`thread_sensitive=False`: no thread per client), each closing
-its connection when done (none is held between reads)."""
+its connection when done (none is held between reads).
+
+A client's first read checks that its user may see the run; the reads that follow (after
+each commit's nudge) are the run's, shared by every stream of the process that waits for
+the same events: a commit watched by 200 clients costs one read, not 200."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -96,9 +101,11 @@ class Snapshot:
 
 @short_read
 def read_run(run_id: Any, user: Any, after: int, *, first: bool = False) -> Snapshot | None:
-    """The run as `user` may see it (None: not found or not visible) with its events after
-    `after`; bounded by the seq read with its state, so the events and the state agree."""
-    row = Run.objects.visible_to(user).filter(pk=run_id).values_list("state", "last_seq").first()
+    """The run as `user` may see it (None: not found or not visible; `user` None: anyone)
+    with its events after `after`; bounded by the seq read with its state, so the events
+    and the state agree."""
+    runs = Run.objects.visible_to(user) if user is not None else Run.objects.all()
+    row = runs.filter(pk=run_id).values_list("state", "last_seq").first()
     if row is None:
         return None
     state, last_seq = row
@@ -115,6 +122,22 @@ def read_run(run_id: Any, user: Any, after: int, *, first: bool = False) -> Snap
         answered = Turn.objects.filter(run_id=run_id).aggregate(m=Max("index"))["m"]
         answered = -1 if answered is None else answered
     return Snapshot(state, last_seq, events, more, answered)
+
+
+_shared: dict[tuple[int, Any, int], asyncio.Future[Snapshot | None]] = {}
+
+
+async def read_on(run_id: Any, after: int) -> Snapshot | None:
+    """`read_run` after the first (visibility checked then), shared by the streams of this
+    event loop that wait for the same run's events after the same seq. Its result is shared
+    too: nobody may change it."""
+    key = (id(asyncio.get_running_loop()), run_id, after)
+    found = _shared.get(key)
+    if found is None:
+        found = _shared[key] = asyncio.ensure_future(read_run(run_id, None, after))
+        found.add_done_callback(lambda _: _shared.pop(key, None))
+    # Shielded: one stream that goes away does not cancel the others' read.
+    return await asyncio.shield(found)
 
 
 def _approval_ids(run_id: Any, events: list[dict[str, Any]]) -> None:

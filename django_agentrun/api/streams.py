@@ -3,9 +3,10 @@
 A plain async Django view (DRF has no async views), so a stream holds no thread while it
 waits: it checks the API's own authentication (the project's DRF authentication classes,
 session included) and visibility (`Run.objects.visible_to(user)`: 404 for what one may not
-see), reads the database only in short calls on a shared thread pool that close their
+see; checked when the stream opens), reads the database only in short calls on a shared thread pool that close their
 connection (none is held between reads), and waits on the run's Redis stream (`XREAD
-BLOCK`) for deltas and for the nudge each commit sends; without Redis it reads the
+BLOCK`) for deltas and for the nudge each commit sends (one read per nudge for all the
+process's streams of the run); without Redis it reads the
 database every AGENTRUN_STREAM_POLL_SECONDS. Serve it under ASGI (uvicorn); under WSGI it
 works but holds a worker thread per client.
 
@@ -93,7 +94,7 @@ async def run_stream(request: HttpRequest, pk: str) -> HttpResponse:
         return error(404, "not_found", "No such run.")
     if first.resting and not first.events:
         return HttpResponse(status=204)
-    body = _stream(FORMATS[fmt](run_id), run_id, user, after, first)
+    body = _stream(FORMATS[fmt](run_id), run_id, after, first)
     response = StreamingHttpResponse(body, content_type="text/event-stream; charset=utf-8")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
@@ -104,26 +105,42 @@ async def run_stream(request: HttpRequest, pk: str) -> HttpResponse:
 
 
 async def _stream(
-    fmt: Any, run_id: uuid.UUID, user: Any, after: int, snapshot: reads.Snapshot
+    fmt: Any, run_id: uuid.UUID, after: int, snapshot: reads.Snapshot
+) -> AsyncIterator[str]:
+    for chunk in fmt.open():
+        yield chunk
+    hub = client()
+    deltas = RunDeltas(hub, streams.run_key(run_id)) if hub is not None else None
+    entries: list[Any] = []
+    if deltas is not None:
+        try:
+            entries = await deltas.catch_up()
+        except Exception as exc:  # noqa: BLE001 - no Redis after all: durable events only
+            logger.warning("Live stream without deltas (%s) run_id=%s", exc, run_id)
+            deltas.close()
+            deltas = None
+    try:
+        async for chunk in _follow(fmt, run_id, after, snapshot, deltas, entries):
+            yield chunk
+    finally:
+        if deltas is not None:
+            deltas.close()
+
+
+async def _follow(
+    fmt: Any,
+    run_id: uuid.UUID,
+    cursor: int,
+    snapshot: reads.Snapshot | None,
+    deltas: RunDeltas | None,
+    entries: list[Any],
 ) -> AsyncIterator[str]:
     loop = asyncio.get_running_loop()
     keepalive = float(agentrun_settings.STREAM_KEEPALIVE_SECONDS)
     poll = float(agentrun_settings.STREAM_POLL_SECONDS)
-    cursor, answered = after, snapshot.answered
+    answered = snapshot.answered if snapshot is not None else -1
     streamed: set[int] = set()  # turns whose deltas this stream sent
-    for chunk in fmt.open():
-        yield chunk
     last_output = loop.time()
-
-    redis = client()
-    deltas = RunDeltas(redis, streams.run_key(run_id)) if redis is not None else None
-    last_id, entries = "0-0", []
-    if deltas is not None:
-        try:
-            entries, last_id = await deltas.catch_up()
-        except Exception as exc:  # noqa: BLE001 - no Redis after all: durable events only
-            logger.warning("Live stream without deltas (%s) run_id=%s", exc, run_id)
-            deltas = None
     next_poll = 0.0
     while True:
         # Durable events first (the snapshot, then whatever a nudge or the timer asks for).
@@ -157,9 +174,9 @@ async def _stream(
         entries = []
         now = loop.time()
         if need_db or now >= next_poll:
-            snapshot = await reads.read_run(run_id, user, cursor)
+            snapshot = await reads.read_on(run_id, cursor)
             if snapshot is None:
-                return  # deleted, or no longer visible
+                return  # deleted
             continue
         if now - last_output >= keepalive:
             yield KEEPALIVE
@@ -169,10 +186,8 @@ async def _stream(
             await asyncio.sleep(wait)
             continue
         try:
-            entries = await deltas.read(last_id, int(wait * 1000))
+            entries = await deltas.next(wait)
         except Exception as exc:  # noqa: BLE001 - Redis went away: poll the database instead
             logger.warning("Live stream lost Redis (%s) run_id=%s", exc, run_id)
+            deltas.close()
             deltas, next_poll = None, min(next_poll, loop.time() + poll)
-            continue
-        if entries:
-            last_id = entries[-1][0]

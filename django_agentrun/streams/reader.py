@@ -1,6 +1,8 @@
-"""Reading a run's live stream from Redis in an async view (`redis.asyncio`): where the
-answer being written starts, what came since, and blocking reads for what comes next.
-One connection pool per event loop, shared by every stream the loop serves."""
+"""Reading runs' live streams from Redis in async views (`redis.asyncio`), made for many
+clients: per event loop one `Hub` reads every watched run's stream with one blocking
+`XREAD` on one connection and fans the entries out to each client's queue; a client's own
+commands (where the answer being written starts, what it missed) are short ones on a
+small shared pool. No connection, thread or blocked read per client."""
 
 from __future__ import annotations
 
@@ -16,26 +18,40 @@ logger = logging.getLogger(__name__)
 
 Entry = tuple[str, dict[str, Any]]
 
-_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, Any]] = (
+# The hub's XREAD blocks this long (ms): a run watched for the first time joins the read
+# within it. The socket waits longer than that for an answer.
+BLOCK_MS = 250
+SOCKET_TIMEOUT = 30.0
+POOL_SIZE = 20  # connections for the clients' short commands (they wait for a free one)
+
+_loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, Any]] = (
     weakref.WeakKeyDictionary()
 )
 
 
-def client() -> Any | None:
-    """The loop's `redis.asyncio` client for the configured Redis, or None."""
+def client() -> Hub | None:
+    """The running loop's hub for the configured Redis, or None (no Redis)."""
     url = redis_url()
     if url is None:
         return None
-    loop = asyncio.get_running_loop()
-    per_url = _clients.setdefault(loop, {})
+    per_url = _loops.setdefault(asyncio.get_running_loop(), {})
     found = per_url.get(url)
     if found is None:
         import redis.asyncio
 
-        found = per_url[url] = redis.asyncio.Redis.from_url(
-            url, socket_connect_timeout=1.0, health_check_interval=30
+        pool = redis.asyncio.BlockingConnectionPool.from_url(
+            url,
+            max_connections=POOL_SIZE,
+            timeout=5,
+            socket_connect_timeout=1.0,
+            socket_timeout=SOCKET_TIMEOUT,
         )
+        found = per_url[url] = Hub(redis.asyncio.Redis(connection_pool=pool))
     return found
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def _entries(raw: Any) -> list[Entry]:
@@ -46,31 +62,114 @@ def _entries(raw: Any) -> list[Entry]:
             item = json.loads(data)
         except (TypeError, ValueError):
             continue
-        out.append((entry_id.decode() if isinstance(entry_id, bytes) else entry_id, item))
+        out.append((_text(entry_id), item))
     return out
 
 
-class RunDeltas:
-    """One stream client's reader of one Redis stream."""
+def id_key(entry_id: str) -> tuple[int, int]:
+    """A stream entry id as something that orders ("1700000000000-3" -> (1700..., 3))."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
 
-    def __init__(self, redis: Any, key: str) -> None:
+
+class Hub:
+    """One blocking read of every watched stream for a loop; entries go to subscribers'
+    queues (an exception, when Redis fails: the subscribers fall back to the database)."""
+
+    def __init__(self, redis: Any) -> None:
         self.redis = redis
-        self.key = key
+        self.positions: dict[str, str] = {}
+        self.queues: dict[str, set[asyncio.Queue[Any]]] = {}
+        self.task: asyncio.Task[None] | None = None
 
-    async def catch_up(self) -> tuple[list[Entry], str]:
-        """The entries from the newest attempt marker on (the answer being written, if
-        any), and the id to read on from."""
-        pipe = self.redis.pipeline(transaction=False)
+    def subscribe(self, key: str, after: str) -> tuple[asyncio.Queue[Any], str]:
+        """A queue of `key`'s entries from the hub's position on, and that position."""
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.queues.setdefault(key, set()).add(queue)
+        position = self.positions.setdefault(key, after)
+        if self.task is None or self.task.done():
+            self.task = asyncio.ensure_future(self._run())
+        return queue, position
+
+    def unsubscribe(self, key: str, queue: asyncio.Queue[Any]) -> None:
+        watchers = self.queues.get(key)
+        if watchers is not None:
+            watchers.discard(queue)
+            if not watchers:
+                del self.queues[key]
+                self.positions.pop(key, None)
+
+    async def _run(self) -> None:
+        while self.queues:
+            try:
+                found = await self.redis.xread(dict(self.positions), count=500, block=BLOCK_MS)
+            except Exception as exc:  # noqa: BLE001 - every watcher falls back to the database
+                for watchers in self.queues.values():
+                    for queue in watchers:
+                        queue.put_nowait(exc)
+                self.queues.clear()
+                self.positions.clear()
+                return
+            for key, raw in found or []:
+                key = _text(key)
+                entries = _entries(raw)
+                if not raw or key not in self.positions:
+                    continue
+                self.positions[key] = _text(raw[-1][0])
+                for queue in self.queues.get(key, ()):
+                    queue.put_nowait(entries)
+
+
+class RunDeltas:
+    """One stream client's view of one run's Redis stream, through its loop's hub."""
+
+    def __init__(self, hub: Hub, key: str) -> None:
+        self.hub = hub
+        self.key = key
+        self.last = "0-0"
+        self.queue: asyncio.Queue[Any] | None = None
+
+    async def catch_up(self) -> list[Entry]:
+        """The entries from the newest attempt marker on (the answer being written, if any);
+        then the hub's entries follow, none missed, none twice."""
+        redis = self.hub.redis
+        pipe = redis.pipeline(transaction=False)
         pipe.get(attempt_key(self.key))
         pipe.xrevrange(self.key, count=1)
-        start, last = await pipe.execute()
-        last_id = _entries(last)[0][0] if last else "0-0"
-        if not start or last_id == "0-0":
-            return [], last_id
-        start = start.decode() if isinstance(start, bytes) else start
-        return _entries(await self.redis.xrange(self.key, min=start, max=last_id)), last_id
+        start, newest = await pipe.execute()
+        self.last = _text(newest[0][0]) if newest else "0-0"
+        entries = []
+        if start and newest:
+            entries = _entries(await redis.xrange(self.key, min=_text(start), max=self.last))
+        self.queue, position = self.hub.subscribe(self.key, self.last)
+        if id_key(position) > id_key(self.last):
+            # The hub is ahead: what it sent before this client subscribed, fetched here.
+            gap = await redis.xrange(self.key, min=f"({self.last}", max=position)
+            entries += _entries(gap)
+            self.last = position
+        return entries
 
-    async def read(self, after: str, block_ms: int) -> list[Entry]:
-        """Entries after `after`, waiting up to `block_ms` for the first."""
-        found = await self.redis.xread({self.key: after}, count=500, block=max(1, block_ms))
-        return _entries(found[0][1]) if found else []
+    async def next(self, timeout: float) -> list[Entry]:
+        """Entries that came since, waiting up to `timeout` seconds; raises if Redis failed."""
+        assert self.queue is not None
+        try:
+            got = await asyncio.wait_for(self.queue.get(), timeout)
+        except TimeoutError:
+            return []
+        batches = [got]
+        while not self.queue.empty():
+            batches.append(self.queue.get_nowait())
+        fresh = []
+        for batch in batches:
+            if isinstance(batch, Exception):
+                raise batch
+            for entry_id, item in batch:
+                if id_key(entry_id) > id_key(self.last):
+                    fresh.append((entry_id, item))
+                    self.last = entry_id
+        return fresh
+
+    def close(self) -> None:
+        if self.queue is not None:
+            self.hub.unsubscribe(self.key, self.queue)
+            self.queue = None

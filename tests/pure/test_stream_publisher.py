@@ -12,7 +12,7 @@ import pytest
 
 from django_agentrun import streams
 from django_agentrun.streams.publisher import Publisher, coalesce, publisher
-from django_agentrun.streams.reader import RunDeltas
+from django_agentrun.streams.reader import Hub, RunDeltas
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -101,9 +101,11 @@ def test_publishing__reaches_redis_with_the_attempt_marked(stream_redis):
         import redis.asyncio
 
         client = redis.asyncio.Redis.from_url(stream_redis)
+        deltas = RunDeltas(Hub(client), streams.run_key("run-1"))
         try:
-            return await RunDeltas(client, streams.run_key("run-1")).catch_up()
+            return await deltas.catch_up(), deltas.last
         finally:
+            deltas.close()
             await client.aclose()
 
     entries, last_id = asyncio.run(read())
@@ -126,3 +128,38 @@ def test_publishing__one_thread_a_process(stream_redis):
         pub.put(streams.run_key("run-2"), delta(str(n)))
     assert publisher() is pub and pub.flush()
     assert _publishing_threads() - before <= 1  # none if an earlier test started it
+
+
+def test_reading__many_clients_share_one_blocking_read(stream_redis):
+    """150 clients of two runs (more than a Redis pool's default 100 connections): each gets
+    every entry after its catch-up once, through the loop's hub."""
+    from django_agentrun.streams import reader
+
+    keys = [streams.run_key("run-a"), streams.run_key("run-b")]
+    pub = publisher()
+    assert pub is not None
+
+    async def scenario():
+        hub = reader.client()
+        assert hub is not None and reader.client() is hub
+        clients = [RunDeltas(hub, keys[n % 2]) for n in range(150)]
+        await asyncio.gather(*(c.catch_up() for c in clients))
+        for n in range(20):
+            for key in keys:
+                pub.put(key, delta(f"{n};", index=n))
+        await asyncio.to_thread(pub.flush)
+        got = {id(c): [] for c in clients}
+        deadline = asyncio.get_running_loop().time() + 5
+        while any(len(v) < 20 for v in got.values()):
+            assert asyncio.get_running_loop().time() < deadline, {len(v) for v in got.values()}
+            for c in clients:
+                got[id(c)] += [item["text"] for _, item in await c.next(0.01)]
+        connections = hub.redis.connection_pool.max_connections
+        for c in clients:
+            c.close()
+        assert hub.queues == {}
+        return got, connections
+
+    got, connections = asyncio.run(scenario())
+    assert all(texts == [f"{n};" for n in range(20)] for texts in got.values())
+    assert connections == reader.POOL_SIZE  # a bounded pool that waits, never refuses
