@@ -267,3 +267,13 @@ def test_deltas__each_model_attempt_starts_the_turns_deltas_over(stream_redis, s
     assert texts == "Hello from the second attempt."
     nudges = [i["seq"] for i in items if i["kind"] == "commit"]
     assert nudges == sorted(nudges) and nudges[-1] == run.last_seq
+
+
+def test_stream__the_api_schema_describes_it(alice, client):
+    client.force_login(alice)
+    schema = client.get(reverse("agentrun:schema"), {"format": "json"}).json()
+    operation = schema["paths"]["/api/agentrun/runs/{id}/stream/"]["get"]
+    assert "text/event-stream" in operation["responses"]["200"]["content"]
+    assert set(operation["responses"]) == {"200", "204", "400", "401", "403", "404", "406"}
+    ref = operation["responses"]["404"]["content"]["application/json"]["schema"]["$ref"]
+    assert ref.rsplit("/", 1)[1] in schema["components"]["schemas"]
