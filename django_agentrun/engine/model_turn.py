@@ -31,7 +31,7 @@ def ask(step: Step, turn: Turn) -> Commit:
     """Ask the model for this turn's answer; the commit that records it."""
     try:
         response, retries = call_model(
-            step, request(step, turn), deltas=streams.turn_stream(step.run_id, turn.index)
+            step, request(step, turn), deltas=streams.turn_stream(step.run, turn.index)
         )
     except StreamAborted:
         return endings.interruption(step)

@@ -146,7 +146,7 @@ def send(write: Write) -> Write:
     for callback in write.after_commit:
         transaction.on_commit(callback)
     if write.events:
-        streams.notify_after_commit(write.run.pk, write.run.last_seq)
+        streams.notify_after_commit(write.run, write.run.last_seq)
     return write
 
 

@@ -5,7 +5,7 @@ durable: the committed response is the record."""
 
 from __future__ import annotations
 
-from .config import redis_url, run_key
+from .config import conversation_key, redis_url, run_key
 from .cursor import (
     InvalidCursor,
     conversation_cursor,
@@ -16,6 +16,7 @@ from .publisher import TurnStream, notify, notify_after_commit, publisher, turn_
 
 __all__ = [
     "InvalidCursor",
+    "conversation_key",
     "TurnStream",
     "conversation_cursor",
     "notify",

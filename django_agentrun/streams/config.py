@@ -42,6 +42,23 @@ def run_key(run_id: Any) -> str:
     return f"{agentrun_settings.STREAM_PREFIX}:run:{run_id}"
 
 
+def conversation_key(conversation_id: Any) -> str:
+    """The Redis stream of a conversation: its runs' deltas and nudges, each with the run's
+    position in the conversation."""
+    return f"{agentrun_settings.STREAM_PREFIX}:conversation:{conversation_id}"
+
+
+def keys_of(run: Any) -> tuple[list[str], dict[str, Any]]:
+    """Where `run` (a Run, or only its id) publishes: its own stream, and its
+    conversation's if it has one; and what each entry then adds (the run's position)."""
+    keys = [run_key(getattr(run, "pk", run))]
+    conversation = getattr(run, "conversation_id", None)
+    if conversation is None:
+        return keys, {}
+    keys.append(conversation_key(conversation))
+    return keys, {"position": getattr(run, "conversation_position", 0)}
+
+
 def attempt_key(key: str) -> str:
     """Where the entry id of a stream's newest attempt marker is kept (the start of the
     answer being written: a client that connects mid-turn reads from there)."""

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..conf import agentrun_settings
-from .config import attempt_key, redis_url, run_key
+from .config import attempt_key, keys_of, redis_url
 
 logger = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ def coalesce(batch: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[st
         if field and out:
             last_key, last = out[-1]
             if last_key == key and all(
-                last.get(k) == item.get(k) for k in ("kind", "turn", "attempt", "index")
+                last.get(k) == item.get(k) for k in ("kind", "turn", "attempt", "index", "position")
             ):
                 out[-1] = (key, {**last, field: last[field] + item[field]})
                 continue
@@ -167,20 +167,23 @@ def _forget_after_fork() -> None:
 os.register_at_fork(after_in_child=_forget_after_fork)
 
 
-def notify(run_id: Any, seq: int) -> None:
-    """A commit of `run_id` made its events durable up to `seq`: wake its streams' readers."""
+def notify(run: Any, seq: int) -> None:
+    """A commit of `run` (a Run, or its id) made its events durable up to `seq`: wake its
+    streams' readers (the run's, and its conversation's)."""
     pub = publisher()
     if pub is not None:
-        pub.put(run_key(run_id), {"kind": "commit", "seq": seq})
+        keys, extra = keys_of(run)
+        for key in keys:
+            pub.put(key, {"kind": "commit", "seq": seq, **extra})
 
 
-def notify_after_commit(run_id: Any, seq: int) -> None:
+def notify_after_commit(run: Any, seq: int) -> None:
     """`notify` once the current transaction commits (at once in autocommit); nothing
     without Redis."""
     if publisher() is not None:
         from django.db import transaction
 
-        transaction.on_commit(lambda: notify(run_id, seq))
+        transaction.on_commit(lambda: notify(run, seq))
 
 
 class TurnStream:
@@ -188,23 +191,28 @@ class TurnStream:
     attempt (a retry, or another worker asking again after a crash, starts the turn's
     deltas over) and returns the sink for its deltas."""
 
-    def __init__(self, pub: Publisher, run_id: Any, turn: int) -> None:
+    def __init__(self, pub: Publisher, run: Any, turn: int) -> None:
         self._pub = pub
-        self._key = run_key(run_id)
+        self._keys, self._extra = keys_of(run)
         self._turn = turn
 
     def attempt(self, number: int) -> Callable[[dict[str, Any]], None]:
-        pub, key, turn = self._pub, self._key, self._turn
-        token = uuid.uuid4().hex[:12]
-        pub.put(key, {"kind": "attempt", "turn": turn, "attempt": number, "token": token})
+        pub, keys, turn = self._pub, self._keys, self._turn
+        tags = {"turn": turn, "attempt": number, **self._extra}
+        marker = {"kind": "attempt", **tags, "token": uuid.uuid4().hex[:12]}
+        for key in keys:
+            pub.put(key, marker)
 
         def on_event(delta: dict[str, Any]) -> None:
-            pub.put(key, {**delta, "turn": turn, "attempt": number})
+            item = {**delta, **tags}
+            for key in keys:
+                pub.put(key, item)
 
         return on_event
 
 
-def turn_stream(run_id: Any, turn: int) -> TurnStream | None:
-    """The stream of `turn`'s deltas, or None when there is nowhere to publish them."""
+def turn_stream(run: Any, turn: int) -> TurnStream | None:
+    """The stream of `turn`'s deltas (of `run`: a Run, or its id), or None when there is
+    nowhere to publish them."""
     pub = publisher()
-    return TurnStream(pub, run_id, turn) if pub is not None else None
+    return TurnStream(pub, run, turn) if pub is not None else None
