@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import re
+import sys
 import weakref
 from importlib.resources import files
 from typing import Any
@@ -66,9 +67,21 @@ def positional(name: str) -> tuple[str, tuple[str, ...]]:
 _prepared: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 
 
+def _binds_on_server(cursor: Any) -> bool:
+    """psycopg 3 with server-side binding (Django's `server_side_binding` option): psycopg
+    prepares a statement itself once it was sent `prepare_threshold` times. Never imports a
+    driver the project does not use."""
+    psycopg = sys.modules.get("psycopg")
+    return psycopg is not None and not isinstance(cursor.cursor, psycopg.ClientCursor)
+
+
 def execute(cursor: Any, name: str, params: dict[str, Any]) -> None:
     """Send the statement `name` with `params` through `cursor`: prepared on Postgres."""
-    if connection.vendor != "postgresql" or not agentrun_settings.PREPARED_STATEMENTS:
+    if (
+        connection.vendor != "postgresql"
+        or not agentrun_settings.PREPARED_STATEMENTS
+        or _binds_on_server(cursor)
+    ):
         cursor.execute(QUERIES[name], params)
         return
     raw = connection.connection

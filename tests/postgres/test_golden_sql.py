@@ -98,7 +98,8 @@ def _writes(run, client, outcome: str) -> list[tuple[str, dict]]:
 def _check(name: str, sent: tuple[str, dict]) -> None:
     path = GOLDEN / f"{name}.json"
     statement, params = sent
-    rendered = json.dumps({"statement": statement, "params": _mask(params)}, indent=2) + "\n"
+    masked = {"statement": statement, "params": _mask(params)}
+    rendered = json.dumps(masked, indent=2, sort_keys=True) + "\n"
     if os.environ.get("AGENTRUN_UPDATE_GOLDEN"):
         path.write_text(rendered)
     assert path.exists(), f"no golden file {path.name}: run with AGENTRUN_UPDATE_GOLDEN=1"

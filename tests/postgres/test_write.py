@@ -203,7 +203,13 @@ def test_write__sees_a_cancel_request(leased):
     assert write.cancel_requested is True
 
 
+def _server_side_binding() -> bool:
+    return bool(connection.settings_dict.get("OPTIONS", {}).get("server_side_binding"))
+
+
 def test_write__prepared_once_per_connection(leased):
+    if _server_side_binding():
+        pytest.skip("with server-side binding psycopg prepares it itself")
     run, lease, _turn, _call = leased
     names = []
     for _ in range(3):
@@ -224,6 +230,8 @@ def test_write__prepared_once_per_connection(leased):
 
 def test_write__prepared_again_when_the_session_lost_it(leased):
     """Behind a pooler a session can lose its prepared statements (DISCARD ALL)."""
+    if _server_side_binding():
+        pytest.skip("with server-side binding psycopg prepares it itself")
     run, lease, _turn, _call = leased
     for _ in range(2):
         write = store.Write(run, lease)

@@ -135,8 +135,19 @@ def test_non_idempotent_without_check__waits_for_a_person(workers, messages_api,
     assert_projection_matches(run)
 
 
-@pytest.mark.parametrize("point", sorted(POINTS) + SECOND_CALL)
-def test_crash_at__every_failpoint__forked_run(point, workers, messages_api, settings, queue):
+# A forked run is a run like another once it is created: the crash points of its first
+# claim, its first answer (asked twice when the crash comes before the commit), inside its
+# first turn's tool calls and between its turns (the whole matrix runs above).
+FORKED_POINTS = [
+    "claim.after_commit",
+    "model.before_commit",
+    "tool.after_commit@lookup",
+    "turn.before_enqueue",
+]
+
+
+@pytest.mark.parametrize("point", FORKED_POINTS)
+def test_crash_at__failpoints__forked_run(point, workers, messages_api, settings, queue):
     settings.AGENTRUN_LEASE_SECONDS = 2
     original = start_run("test-agent", "Tell Ann her order shipped.")
     drive(original, scripted())  # in this process: the message is sent once, here
