@@ -82,7 +82,8 @@ def test_streams__reconnects_at_random_miss_nothing_and_repeat_nothing(
     run = start_run("test-agent", "Tell me about otters.", owner=alice)
     connections = read_with_drops(server, run, random.Random(18))
     wait_resting(run)
-    assert run.state == "completed"
+    # Ten dropped connections cancelled nothing: a disconnect is not a stop.
+    assert (run.state, run.cancel_requested_at) == ("completed", None)
 
     durable = [
         (int(f.id), f.json["type"]) for c in connections for f in c if f.event == "run_event"
