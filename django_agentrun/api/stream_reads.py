@@ -83,24 +83,33 @@ def authenticate(request: Any) -> tuple[Any, tuple[int, str, str, dict[str, str]
     return None, (status, body["code"], body["detail"], {})
 
 
+Cursor = tuple[int, int]  # (a run's position in its conversation, or 0; an event's seq)
+
+
 @dataclass
 class Snapshot:
-    """A run as one read found it: its state, its newest seq, its events after the cursor
-    (the API's public view of each, at most PAGE), and its last answered turn."""
+    """What one read found: the state (a run's; a conversation's last run's), whether
+    nothing is active, the newest cursor that exists, the events after the reader's cursor
+    (the API's public view of each, at most PAGE) with their cursors, and per position the
+    last turn whose answer is recorded (on a stream's first read)."""
 
     state: str
-    last_seq: int
+    resting: bool
+    last: Cursor
     events: list[dict[str, Any]] = field(default_factory=list)
+    cursors: list[Cursor] = field(default_factory=list)
     more: bool = False
-    answered: int = -1
+    answered: dict[int, int] = field(default_factory=dict)
 
-    @property
-    def resting(self) -> bool:
-        return self.state in RESTING
+
+def public_events(rows: list[RunEvent], run_id: Any) -> list[dict[str, Any]]:
+    events = [dict(e) for e in RunEventSerializer(rows, many=True).data]
+    _approval_ids(run_id, events)
+    return events
 
 
 @short_read
-def read_run(run_id: Any, user: Any, after: int, *, first: bool = False) -> Snapshot | None:
+def read_run(run_id: Any, user: Any, after: Cursor, *, first: bool = False) -> Snapshot | None:
     """The run as `user` may see it (None: not found or not visible; `user` None: anyone)
     with its events after `after`; bounded by the seq read with its state, so the events
     and the state agree."""
@@ -110,31 +119,37 @@ def read_run(run_id: Any, user: Any, after: int, *, first: bool = False) -> Snap
         return None
     state, last_seq = row
     rows = list(
-        RunEvent.objects.filter(run_id=run_id, seq__gt=after, seq__lte=last_seq).order_by("seq")[
+        RunEvent.objects.filter(run_id=run_id, seq__gt=after[1], seq__lte=last_seq).order_by("seq")[
             : PAGE + 1
         ]
     )
     more, rows = len(rows) > PAGE, rows[:PAGE]
-    events = [dict(e) for e in RunEventSerializer(rows, many=True).data]
-    _approval_ids(run_id, events)
-    answered = -1
+    answered = {}
     if first:
-        answered = Turn.objects.filter(run_id=run_id).aggregate(m=Max("index"))["m"]
-        answered = -1 if answered is None else answered
-    return Snapshot(state, last_seq, events, more, answered)
+        found = Turn.objects.filter(run_id=run_id).aggregate(m=Max("index"))["m"]
+        answered[0] = -1 if found is None else found
+    return Snapshot(
+        state,
+        state in RESTING,
+        (0, last_seq),
+        public_events(rows, run_id),
+        [(0, e.seq) for e in rows],
+        more,
+        answered,
+    )
 
 
-_shared: dict[tuple[int, Any, int], asyncio.Future[Snapshot | None]] = {}
+_shared: dict[tuple[int, Any, Any, Cursor], asyncio.Future[Snapshot | None]] = {}
 
 
-async def read_on(run_id: Any, after: int) -> Snapshot | None:
-    """`read_run` after the first (visibility checked then), shared by the streams of this
-    event loop that wait for the same run's events after the same seq. Its result is shared
-    too: nobody may change it."""
-    key = (id(asyncio.get_running_loop()), run_id, after)
+async def read_on(read: Any, ident: Any, after: Cursor) -> Snapshot | None:
+    """`read(ident, None, after)` after a stream's first read (visibility was checked then),
+    shared by the streams of this event loop that wait for the same events after the same
+    cursor. Its result is shared too: nobody may change it."""
+    key = (id(asyncio.get_running_loop()), read, ident, after)
     found = _shared.get(key)
     if found is None:
-        found = _shared[key] = asyncio.ensure_future(read_run(run_id, None, after))
+        found = _shared[key] = asyncio.ensure_future(read(ident, None, after))
         found.add_done_callback(lambda _: _shared.pop(key, None))
     # Shielded: one stream that goes away does not cancel the others' read.
     return await asyncio.shield(found)

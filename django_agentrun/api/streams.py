@@ -62,26 +62,41 @@ def choose_format(request: HttpRequest) -> str | None:
     return None
 
 
-async def run_stream(request: HttpRequest, pk: str) -> HttpResponse:
-    """The live stream of run `pk` (see the module's docstring)."""
+def preflight(request: HttpRequest) -> tuple[str | None, HttpResponse | None]:
+    """The format asked for, or the refusal (405, 406)."""
     if request.method not in ("GET", "HEAD"):
-        return error(405, "method_not_allowed", f'Method "{request.method}" not allowed.')
+        return None, error(405, "method_not_allowed", f'Method "{request.method}" not allowed.')
     fmt = choose_format(request)
     if fmt is None:
-        return error(
+        return None, error(
             406,
             "not_acceptable",
             "A stream is text/event-stream: ?format=events or ?format=ai-sdk.",
         )
+    return fmt, None
+
+
+def cursor_value(request: HttpRequest) -> str | None:
+    """`Last-Event-ID` (what EventSource sends on reconnecting) wins over `?after=`."""
+    return request.headers.get("Last-Event-ID") or request.GET.get("after")
+
+
+def bad_cursor(exc: Exception) -> HttpResponse:
+    return JsonResponse(
+        {"code": "invalid", "detail": f"after: {exc}.", "errors": {"after": [str(exc)]}},
+        status=400,
+    )
+
+
+async def run_stream(request: HttpRequest, pk: str) -> HttpResponse:
+    """The live stream of run `pk` (see the module's docstring)."""
+    fmt, refused = preflight(request)
+    if refused is not None:
+        return refused
     try:
-        after = streams.parse_run_cursor(
-            request.headers.get("Last-Event-ID") or request.GET.get("after")
-        )
+        after = (0, streams.parse_run_cursor(cursor_value(request)))
     except streams.InvalidCursor as exc:
-        return JsonResponse(
-            {"code": "invalid", "detail": f"after: {exc}.", "errors": {"after": [str(exc)]}},
-            status=400,
-        )
+        return bad_cursor(exc)
     user, refusal = await reads.authenticate(request)
     if refusal is not None:
         return error(*refusal)
@@ -92,35 +107,52 @@ async def run_stream(request: HttpRequest, pk: str) -> HttpResponse:
     first = await reads.read_run(run_id, user, after, first=True)
     if first is None:
         return error(404, "not_found", "No such run.")
+    source = Source(run_id, reads.read_run, streams.run_key(run_id), lambda c: str(c[1]))
+    return respond(FORMATS[fmt](run_id), source, after, first)
+
+
+class Source:
+    """What a stream follows: a run, or a conversation (its runs in order)."""
+
+    def __init__(self, ident: Any, read: Any, key: str, cursor_text: Any) -> None:
+        self.ident = ident
+        self.read = read  # read(ident, user or None, after cursor, first=...) -> Snapshot
+        self.key = key  # its Redis stream
+        self.cursor_text = cursor_text  # the SSE id of a cursor
+
+
+def respond(fmt: Any, source: Source, after: reads.Cursor, first: reads.Snapshot) -> HttpResponse:
+    """204 when nothing is active and nothing follows the cursor; else the stream."""
     if first.resting and not first.events:
         return HttpResponse(status=204)
-    body = _stream(FORMATS[fmt](run_id), run_id, after, first)
-    response = StreamingHttpResponse(body, content_type="text/event-stream; charset=utf-8")
+    response = StreamingHttpResponse(
+        _stream(fmt, source, after, first), content_type="text/event-stream; charset=utf-8"
+    )
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
     response["Vary"] = "Accept, Cookie, Authorization"
-    for name, value in FORMATS[fmt].headers.items():
+    for name, value in fmt.headers.items():
         response[name] = value
     return response
 
 
 async def _stream(
-    fmt: Any, run_id: uuid.UUID, after: int, snapshot: reads.Snapshot
+    fmt: Any, source: Source, after: reads.Cursor, snapshot: reads.Snapshot
 ) -> AsyncIterator[str]:
     for chunk in fmt.open():
         yield chunk
     hub = client()
-    deltas = RunDeltas(hub, streams.run_key(run_id)) if hub is not None else None
+    deltas = RunDeltas(hub, source.key) if hub is not None else None
     entries: list[Any] = []
     if deltas is not None:
         try:
             entries = await deltas.catch_up()
         except Exception as exc:  # noqa: BLE001 - no Redis after all: durable events only
-            logger.warning("Live stream without deltas (%s) run_id=%s", exc, run_id)
+            logger.warning("Live stream without deltas (%s) key=%s", exc, source.key)
             deltas.close()
             deltas = None
     try:
-        async for chunk in _follow(fmt, run_id, after, snapshot, deltas, entries):
+        async for chunk in _follow(fmt, source, after, snapshot, deltas, entries):
             yield chunk
     finally:
         if deltas is not None:
@@ -129,8 +161,8 @@ async def _stream(
 
 async def _follow(
     fmt: Any,
-    run_id: uuid.UUID,
-    cursor: int,
+    source: Source,
+    cursor: reads.Cursor,
     snapshot: reads.Snapshot | None,
     deltas: RunDeltas | None,
     entries: list[Any],
@@ -138,43 +170,48 @@ async def _follow(
     loop = asyncio.get_running_loop()
     keepalive = float(agentrun_settings.STREAM_KEEPALIVE_SECONDS)
     poll = float(agentrun_settings.STREAM_POLL_SECONDS)
-    answered = snapshot.answered if snapshot is not None else -1
-    streamed: set[int] = set()  # turns whose deltas this stream sent
+    answered = dict(snapshot.answered) if snapshot is not None else {}
+    streamed: set[tuple[int, int]] = set()  # (position, turn) whose deltas this stream sent
     last_output = loop.time()
     next_poll = 0.0
     while True:
         # Durable events first (the snapshot, then whatever a nudge or the timer asks for).
         if snapshot is not None:
-            for event in snapshot.events:
-                cursor = event["seq"]
-                answered = max(answered, reads.answered_by(event))
-                for chunk in fmt.event(event, str(cursor)):
+            for event, at in zip(snapshot.events, snapshot.cursors, strict=True):
+                cursor = at
+                turn = reads.answered_by(event)
+                if turn > answered.get(at[0], -1):
+                    answered[at[0]] = turn
+                for chunk in fmt.event(event, source.cursor_text(at)):
                     yield chunk
                 last_output = loop.time()
-            if snapshot.resting and cursor >= snapshot.last_seq:
-                for chunk in fmt.close(snapshot.state, str(cursor)):
+            if snapshot.resting and cursor >= snapshot.last:
+                for chunk in fmt.close(snapshot.state, source.cursor_text(cursor)):
                     yield chunk
                 return
             more, snapshot = snapshot.more, None
             next_poll = loop.time() + (0 if more else poll * (SAFETY_POLL_FACTOR if deltas else 1))
         need_db = False
         for _entry_id, item in entries:
+            position = item.get("position", 0)
             if item.get("kind") == "commit":
-                need_db = need_db or item.get("seq", 0) > cursor
+                need_db = need_db or (position, item.get("seq", 0)) > cursor
                 continue
             turn = item.get("turn")
-            if not isinstance(turn, int) or turn <= answered:
+            if not isinstance(turn, int) or turn <= answered.get(position, -1):
                 continue  # an answer already committed: its record was (or will be) sent
+            if position < cursor[0]:
+                continue  # a run before the cursor's
             if item.get("kind") == "attempt":
-                item = {**item, "restart": turn in streamed}
-            streamed.add(turn)
+                item = {**item, "restart": (position, turn) in streamed}
+            streamed.add((position, turn))
             for chunk in fmt.delta(item):
                 yield chunk
             last_output = loop.time()
         entries = []
         now = loop.time()
         if need_db or now >= next_poll:
-            snapshot = await reads.read_on(run_id, cursor)
+            snapshot = await reads.read_on(source.read, source.ident, cursor)
             if snapshot is None:
                 return  # deleted
             continue
@@ -188,6 +225,6 @@ async def _follow(
         try:
             entries = await deltas.next(wait)
         except Exception as exc:  # noqa: BLE001 - Redis went away: poll the database instead
-            logger.warning("Live stream lost Redis (%s) run_id=%s", exc, run_id)
+            logger.warning("Live stream lost Redis (%s) key=%s", exc, source.key)
             deltas.close()
             deltas, next_poll = None, min(next_poll, loop.time() + poll)
