@@ -100,6 +100,9 @@ class Snapshot:
     cursors: list[Cursor] = field(default_factory=list)
     more: bool = False
     answered: dict[int, int] = field(default_factory=dict)
+    # The last position whose events may be sent yet (a conversation sends a run's events
+    # once the runs before it have ended); deltas of a later run wait too.
+    frontier: int = 0
 
 
 def public_events(rows: list[RunEvent], run_id: Any) -> list[dict[str, Any]]:

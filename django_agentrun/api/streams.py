@@ -172,11 +172,13 @@ async def _follow(
     poll = float(agentrun_settings.STREAM_POLL_SECONDS)
     answered = dict(snapshot.answered) if snapshot is not None else {}
     streamed: set[tuple[int, int]] = set()  # (position, turn) whose deltas this stream sent
+    frontier = snapshot.frontier if snapshot is not None else 0
     last_output = loop.time()
     next_poll = 0.0
     while True:
         # Durable events first (the snapshot, then whatever a nudge or the timer asks for).
         if snapshot is not None:
+            frontier = snapshot.frontier
             for event, at in zip(snapshot.events, snapshot.cursors, strict=True):
                 cursor = at
                 turn = reads.answered_by(event)
@@ -200,8 +202,8 @@ async def _follow(
             turn = item.get("turn")
             if not isinstance(turn, int) or turn <= answered.get(position, -1):
                 continue  # an answer already committed: its record was (or will be) sent
-            if position < cursor[0]:
-                continue  # a run before the cursor's
+            if not cursor[0] <= position <= frontier:
+                continue  # a run before the cursor's, or one whose events wait
             if item.get("kind") == "attempt":
                 item = {**item, "restart": (position, turn) in streamed}
             streamed.add((position, turn))
