@@ -83,7 +83,7 @@ class UIMessageFormat:
         self.step_open = False
         # (turn, index) -> {"id", "kind" (text | reasoning | tool), "sent", "open"}
         self.parts: dict[tuple[int, int], dict[str, Any]] = {}
-        self.attempts: dict[int, str] = {}  # turn -> the token of the attempt streamed
+        self.attempts: dict[int, str] = {}  # turn -> the id of the attempt streamed
         # A turn's tool calls are recorded before its answer's event: their parts wait for it,
         # to follow the answer's blocks in order.
         self.held: dict[str, dict[str, Any]] = {}
@@ -127,7 +127,7 @@ class UIMessageFormat:
                     del self.parts[key]
                 data = {"turn": turn, "attempt": d.get("attempt")}
                 chunks.append({"type": "data-agentrun-restart", "data": data, "transient": True})
-            self.attempts[turn] = str(d.get("token") or d.get("attempt"))
+            self.attempts[turn] = str(d.get("attempt_id") or d.get("attempt"))
             return chunks
         key = (turn, d.get("index", 0))
         part = self.parts.get(key)

@@ -199,7 +199,7 @@ class TurnStream:
     def attempt(self, number: int) -> Callable[[dict[str, Any]], None]:
         pub, keys, turn = self._pub, self._keys, self._turn
         tags = {"turn": turn, "attempt": number, **self._extra}
-        marker = {"kind": "attempt", **tags, "token": uuid.uuid4().hex[:12]}
+        marker = {"kind": "attempt", **tags, "attempt_id": uuid.uuid4().hex[:12]}
         for key in keys:
             pub.put(key, marker)
 
