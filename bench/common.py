@@ -4,6 +4,7 @@ a small table printer and the PASS/MISS summary."""
 from __future__ import annotations
 
 import os
+import re
 import statistics
 import sys
 import time
@@ -119,8 +120,10 @@ _TX_CONTROL = ("SAVEPOINT", "RELEASE SAVEPOINT", "ROLLBACK TO SAVEPOINT")
 
 def _is_write(sql: str) -> bool:
     head = sql.lstrip().upper()
+    if head.startswith("EXECUTE AGENTRUN_WRITE"):  # the engine's write, prepared (store/sql.py)
+        return True
     if head.startswith("WITH"):  # data-modifying CTEs (the engine's combined writes)
-        return any(f"({verb} " in head for verb in _WRITES)
+        return re.search(r"\(\s*(INSERT|UPDATE|DELETE)\b", head) is not None
     return head.startswith(_WRITES) or " FOR UPDATE" in head or " FOR NO KEY UPDATE" in head
 
 
