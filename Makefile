@@ -15,12 +15,12 @@ VENV_DJANGO6 ?= .venv-django6
 
 # `make test`: each stage in turn, timed; the first that fails stops the run.
 TEST_STAGES = lint checks test-sqlite test-postgres test-postgres-ssb test-postgres-psycopg2 \
-	test-browser test-django6 test-release
+	test-node test-browser test-django6 test-release
 # The browser tier's Chromium: Debian's package (Playwright's own download cannot be used here).
 CHROMIUM ?= /usr/bin/chromium
 
 .PHONY: test lint checks test-sqlite test-postgres test-postgres-ssb test-postgres-psycopg2 \
-	test-browser chromium test-django6 test-release demo bench bench-quick install
+	test-node node test-browser chromium test-django6 test-release demo bench bench-quick install
 
 # A virtualenv with the project and its test dependencies, rebuilt when pyproject changes.
 $(VENV)/.installed: pyproject.toml
@@ -60,7 +60,7 @@ test-sqlite: install
 # test runs in test-release, on the built wheel and sdist instead of this checkout.
 test-postgres: install
 	DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest tests/db tests/postgres tests/workers -q \
-	  --ignore=tests/workers/test_fresh_project.py
+	  --ignore=tests/workers/test_fresh_project.py --ignore=tests/workers/test_ai_sdk.py
 
 # Again with Django's server-side parameter binding (psycopg), which the engine's and the
 # reaper's raw SQL must also work with.
@@ -76,7 +76,21 @@ test-postgres-ssb: install
 test-postgres-psycopg2: install
 	AGENTRUN_TEST_PSYCOPG2=1 DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest tests/db tests/postgres tests/workers -q \
 	  -m "not one_driver and (not integration or both_drivers)" \
-	  --ignore=tests/workers/test_fresh_project.py
+	  --ignore=tests/workers/test_fresh_project.py --ignore=tests/workers/test_ai_sdk.py
+
+# The AI SDK's own client (the `ai` package from npm, pinned by tests/node/package-lock.json)
+# reading the live stream's UI message stream format from uvicorn and a real worker.
+test-node: install node
+	cd tests/node && npm ci --no-audit --no-fund --loglevel=error
+	DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest tests/workers/test_ai_sdk.py -q -rs
+
+# Node.js and npm, from Debian when they are missing and apt-get can (as root).
+node:
+	@command -v npm >/dev/null || { \
+	  echo "Node.js is missing: apt-get install -y nodejs npm"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm) >/dev/null 2>&1 \
+	    || echo "Node.js could not be installed: the AI SDK test will fail"; \
+	}
 
 # The admin as an operator uses it: headless Chromium (Debian's, through the playwright
 # package) against a live server on Postgres, psycopg 3. Screenshots in artifacts/screenshots/.

@@ -79,6 +79,25 @@ DEFAULTS: dict[str, Any] = {
     # Max age (seconds) of an approval token: a decision on a page shown longer ago than
     # this is refused (reload it). None: no expiry beyond the call's state.
     "APPROVAL_TOKEN_MAX_AGE": 3600,
+    # Live streams (GET .../stream/). The Redis server the model's deltas and commit nudges
+    # go through: None takes Celery's broker URL when it is redis:// or rediss://; "" (or
+    # a broker that is not Redis) turns deltas off: the streams then show durable events,
+    # read from the database every STREAM_POLL_SECONDS.
+    "STREAM_URL": None,
+    # Prefix of the Redis keys (one stream per run: <prefix>:run:<id>).
+    "STREAM_PREFIX": "agentrun:stream",
+    # Entries kept per run's Redis stream (XADD MAXLEN ~), and seconds it lives after its
+    # last entry.
+    "STREAM_MAXLEN": 10000,
+    "STREAM_TTL_SECONDS": 3600,
+    # Deltas a process holds for its publishing thread; past that they are dropped (a turn
+    # is never slowed down by its watchers).
+    "STREAM_QUEUE_SIZE": 10000,
+    # A comment line this often keeps idle streams open through proxies.
+    "STREAM_KEEPALIVE_SECONDS": 15.0,
+    # How often a stream reads the database without Redis (with Redis, after each commit's
+    # nudge, and every 10 x this as a safety net).
+    "STREAM_POLL_SECONDS": 1.0,
 }
 
 

@@ -126,6 +126,33 @@ def messages_api() -> Iterator[MessagesAPIServer]:
         yield server
 
 
+STREAM_REDIS_DB = 13  # the live streams' Redis db in tests (the broker's is 9)
+
+
+@pytest.fixture
+def stream_redis(settings) -> Iterator[str]:
+    """Live streams on Redis db 13 under a key prefix of this test's own (removed after);
+    the URL. Skips where no Redis answers."""
+    import os
+
+    import redis
+
+    url = f"{os.environ.get('AGENTRUN_TEST_REDIS', 'redis://127.0.0.1:6379').rstrip('/')}/{STREAM_REDIS_DB}"
+    server = redis.Redis.from_url(url, socket_connect_timeout=1)
+    try:
+        server.ping()
+    except redis.RedisError:
+        pytest.skip(f"needs Redis at {url}")
+    prefix = f"agentrun-test-{uuid.uuid4().hex[:10]}:stream"
+    settings.AGENTRUN_STREAM_URL = url
+    settings.AGENTRUN_STREAM_PREFIX = prefix
+    yield url
+    keys = list(server.scan_iter(f"{prefix}:*"))
+    if keys:
+        server.delete(*keys)
+    server.close()
+
+
 @pytest.fixture
 def no_broker(monkeypatch) -> list[str]:
     """Record the wake-ups (run ids, in order) instead of publishing them: for tests whose

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -144,3 +145,70 @@ def wait_resting(
         return run.state in RESTING
 
     wait_for(resting, timeout=timeout, interval=interval, message=f"run {run.pk} to rest")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class ASGIServer:
+    """The example project under uvicorn (one process), against the test database: the
+    live streams (and the whole API) as they are served."""
+
+    def __init__(self, workers: Workers, log: Path, **extra: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        # The worker's environment (the test database, its queue, the streams' Redis).
+        env = workers.env(**extra)
+        with open(log, "wb") as out:
+            self.proc = self._start(env, out)
+        wait_for(self._answers, timeout=30, message=f"uvicorn on {self.url} ({log})")
+
+    def _start(self, env: dict[str, str], out) -> subprocess.Popen:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "example_project.asgi:application",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--log-level",
+                "warning",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def _answers(self) -> bool:
+        import urllib.error
+        import urllib.request
+
+        if self.proc.poll() is not None:
+            raise AssertionError(f"uvicorn exited: {self.log.read_text()[-2000:]}")
+        try:
+            urllib.request.urlopen(f"{self.url}/api/agentrun/schema/", timeout=1)
+        except urllib.error.HTTPError:
+            return True  # it answers (403 without credentials)
+        except OSError:
+            return False
+        return True
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)

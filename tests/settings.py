@@ -22,6 +22,13 @@ CELERY_BROKER_URL = (
     or f"{os.environ.get('AGENTRUN_TEST_REDIS', 'redis://127.0.0.1:6379').rstrip('/')}/9"
 )
 AGENTRUN_QUEUE = os.environ.get("AGENTRUN_QUEUE") or None
+# Live streams: off unless a test (or the processes it starts) names a Redis of its own
+# (db 13 with a random key prefix: tests/streams.py).
+AGENTRUN_STREAM_URL = os.environ.get("AGENTRUN_STREAM_URL", "")
+AGENTRUN_STREAM_PREFIX = os.environ.get("AGENTRUN_STREAM_PREFIX", "agentrun-test:stream")
+for _name in ("STREAM_KEEPALIVE_SECONDS", "STREAM_POLL_SECONDS"):
+    if os.environ.get(f"AGENTRUN_{_name}"):
+        globals()[f"AGENTRUN_{_name}"] = float(os.environ[f"AGENTRUN_{_name}"])
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):  # noqa: F405
     DATABASES["default"]["NAME"] = ":memory:"  # noqa: F405

@@ -387,7 +387,10 @@ class SchemaView(SpectacularAPIView):
         "DESCRIPTION": "Runs, their events, and decisions on tool calls.",
         "VERSION": "1",
         "PREPROCESSING_HOOKS": ["django_agentrun.api.base.this_api_only"],
-        "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums"],
+        "POSTPROCESSING_HOOKS": [
+            "drf_spectacular.hooks.postprocess_schema_enums",
+            "django_agentrun.api.sse.document_streams",
+        ],
     }
 
     def get_exception_handler(self) -> Any:

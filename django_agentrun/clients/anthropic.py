@@ -16,7 +16,7 @@ from anthropic.types import TextBlockParam, TextCitationParam, ToolUseBlockParam
 
 from ..abort import AbortSignal
 from ..conf import agentrun_settings
-from .base import ModelError, ModelRequest, ModelResponse, StreamAborted, Usage
+from .base import ModelError, ModelRequest, ModelResponse, StreamAborted, Usage, emit
 
 __all__ = ["AnthropicModelClient"]
 
@@ -144,7 +144,7 @@ class AnthropicModelClient:
             with self.client.messages.stream(**params) as stream:
                 handle.attach(stream.response)
                 try:
-                    message = self._read(stream, abort)
+                    message = self._read(stream, abort, request.on_event)
                     request_id = stream.request_id or getattr(message, "_request_id", None) or ""
                 finally:
                     handle.detach()
@@ -173,13 +173,18 @@ class AnthropicModelClient:
     # -- helpers ---------------------------------------------------------------------------
 
     @staticmethod
-    def _read(stream: Any, abort: AbortSignal) -> Any:
-        """Consume the stream (checking `abort` between events); the final Message."""
+    def _read(stream: Any, abort: AbortSignal, on_event: Any = None) -> Any:
+        """Consume the stream (checking `abort` between events, handing each delta to
+        `on_event`); the final Message."""
         if abort.aborted:  # fired while we waited for the response headers
             raise StreamAborted(f"model stream aborted: {abort.reason}")
-        for _event in stream:
+        for event in stream:
             if abort.aborted:
                 break
+            if on_event is not None:
+                delta = _delta(event)
+                if delta is not None:
+                    emit(on_event, delta)
         if abort.aborted:
             # Even a stream that happened to finish is dropped: the run was cancelled or
             # this worker lost its lease, so nothing may be recorded from it.
@@ -278,6 +283,31 @@ class AnthropicModelClient:
         if key and key in message:
             message = message.replace(key, "[redacted]")
         return message
+
+
+def _delta(event: Any) -> dict[str, Any] | None:
+    """The SDK's raw stream event as a delta (`clients.base.DELTA_KINDS`), or None."""
+    kind = getattr(event, "type", None)
+    if kind == "content_block_delta":
+        delta, index = event.delta, event.index
+        if delta.type == "text_delta":
+            return {"kind": "text", "index": index, "text": delta.text}
+        if delta.type == "thinking_delta":
+            return {"kind": "thinking", "index": index, "thinking": delta.thinking}
+        if delta.type == "input_json_delta":
+            if not delta.partial_json:
+                return None  # the API opens every tool input with an empty one
+            return {"kind": "input_json", "index": index, "partial_json": delta.partial_json}
+        return None  # signatures, citations: in the complete response only
+    if kind == "content_block_start":
+        block = event.content_block
+        start = {"kind": "block_start", "index": event.index, "block": block.type}
+        if block.type in ("tool_use", "server_tool_use"):
+            start.update(id=block.id, name=block.name)
+        return start
+    if kind == "content_block_stop":
+        return {"kind": "block_stop", "index": event.index}
+    return None
 
 
 def _block_to_param(block: Any) -> dict[str, Any]:

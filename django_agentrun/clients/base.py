@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -55,6 +56,34 @@ class ModelRequest:
     cache_prefix: bool = True
     stop_sequences: list[str] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
+    # Where a streaming client hands each delta as it arrives (`DELTA_KINDS`); None: nowhere.
+    # Not part of the request sent: a client that cannot stream ignores it.
+    on_event: Callable[[dict[str, Any]], None] | None = field(
+        default=None, compare=False, repr=False
+    )
+
+
+# What a client hands `ModelRequest.on_event`, one dict per delta, as the model writes:
+#   {"kind": "block_start", "index": i, "block": "text" | "thinking" | "redacted_thinking"
+#                                                | "tool_use" | ..., "id": ..., "name": ...}
+#   {"kind": "text", "index": i, "text": "..."}
+#   {"kind": "thinking", "index": i, "thinking": "..."}   (as the API sends it: summarized,
+#                                                          or empty when omitted)
+#   {"kind": "input_json", "index": i, "partial_json": "..."}   (a tool_use's arguments)
+#   {"kind": "block_stop", "index": i}
+# `index` is the content block's position in the response. Deltas are a view of the answer
+# being written, never its record: the complete response is.
+DELTA_KINDS = ("block_start", "text", "thinking", "input_json", "block_stop")
+
+
+def emit(on_event: Callable[[dict[str, Any]], None] | None, delta: dict[str, Any]) -> None:
+    """Hand `delta` to `on_event`, if any; a sink that fails never fails the model call."""
+    if on_event is None:
+        return
+    try:
+        on_event(delta)
+    except Exception:  # noqa: BLE001 - a view of the stream, never a reason to stop it
+        pass
 
 
 @dataclass(frozen=True)

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import logging
 import random
+from dataclasses import replace
 from typing import Any
 
 from django.db import DatabaseError
 
-from .. import transitions
+from .. import streams, transitions
 from ..clients import ModelError, ModelRequest, ModelResponse, StreamAborted
 from ..conf import agentrun_settings
 from ..events import payloads
@@ -36,7 +37,9 @@ logger = logging.getLogger(__name__)
 def ask(step: Step, turn: Turn) -> Commit:
     """Ask the model for this turn's answer; the commit that records it."""
     try:
-        response, retries = call_model(step, request(step, turn))
+        response, retries = call_model(
+            step, request(step, turn), deltas=streams.turn_stream(step.run, turn.index)
+        )
     except StreamAborted:
         return endings.interruption(step)
     except ModelError as exc:
@@ -96,14 +99,18 @@ def _records(step: Step) -> list[TurnRecord]:
     return records
 
 
-def call_model(step: Step, req: ModelRequest) -> tuple[ModelResponse, int]:
-    """The complete response and how many retries it took."""
+def call_model(
+    step: Step, req: ModelRequest, deltas: streams.TurnStream | None = None
+) -> tuple[ModelResponse, int]:
+    """The complete response and how many retries it took; each attempt's deltas go to
+    `deltas` (a live view only: an attempt that fails starts them over)."""
     retries = agentrun_settings.MODEL_RETRIES
     for attempt in range(retries + 1):
         if step.abort.aborted:
             raise StreamAborted(step.abort.reason)
+        sent = req if deltas is None else replace(req, on_event=deltas.attempt(attempt))
         try:
-            return complete(step.client.create(req, abort=step.abort)), attempt
+            return complete(step.client.create(sent, abort=step.abort)), attempt
         except ModelError as exc:
             if not exc.retryable or attempt == retries:
                 raise

@@ -23,6 +23,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from .. import streams
 from ..conf import agentrun_settings
 from ..exceptions import ConcurrentUpdate, LeaseLost
 from ..models import Run, RunEvent, ToolCall, Turn
@@ -144,6 +145,8 @@ def send(write: Write) -> Write:
             _send_portable(write)
     for callback in write.after_commit:
         transaction.on_commit(callback)
+    if write.events:
+        streams.notify_after_commit(write.run, write.run.last_seq)
     return write
 
 

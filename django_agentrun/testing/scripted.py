@@ -7,12 +7,15 @@
 
 Replies are chosen by step (the number of assistant messages in the request),
 so asking again for the same step gives the same answer, as a replayed
-request would. `client.requests` records what the engine sent.
+request would. `client.requests` records what the engine sent. A request with an
+`on_event` sink gets the reply's content as deltas first, as a streaming client would
+(`chunk_delay` seconds apart).
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -20,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..abort import AbortSignal
-from ..clients.base import ModelError, ModelRequest, ModelResponse, StreamAborted, Usage
+from ..clients.base import ModelError, ModelRequest, ModelResponse, StreamAborted, Usage, emit
 
 _ids = itertools.count(1)
 
@@ -47,6 +50,7 @@ class Reply:
     usage: Usage | None = None
     delay: float = 0.0
     error: ModelError | None = None
+    chunk_delay: float = 0.0  # seconds between deltas, when the request streams them
 
 
 def reply(
@@ -54,8 +58,11 @@ def reply(
     stop_reason: str | None = None,
     usage: dict[str, int] | None = None,
     delay: float = 0.0,
+    chunk_delay: float = 0.0,
 ) -> Reply:
-    return Reply(list(content), stop_reason, Usage(**usage) if usage else None, delay)
+    return Reply(
+        list(content), stop_reason, Usage(**usage) if usage else None, delay, None, chunk_delay
+    )
 
 
 def error(message: str = "overloaded", *, retryable: bool = True, status: int = 529) -> Reply:
@@ -87,6 +94,8 @@ class ScriptedClient:
             raise found.error
         if found.delay and abort.wait(found.delay):
             raise StreamAborted(abort.reason)
+        if request.on_event is not None:
+            stream_deltas(found.content, request.on_event, abort, found.chunk_delay)
         has_tools = any(b.get("type") == "tool_use" for b in found.content)
         prompt = sum(len(str(m.get("content"))) for m in request.messages) // 4 + 1
         return ModelResponse(
@@ -113,6 +122,37 @@ class ScriptedClient:
             if sent > 1 and step + 1 < len(self.script):
                 return self.script[step + 1]
         return found
+
+
+CHUNK = 8  # characters per scripted delta
+
+
+def stream_deltas(
+    content: list[dict[str, Any]], on_event: Any, abort: AbortSignal, pause: float = 0.0
+) -> None:
+    """Hand `content` to `on_event` as a streaming client would: each block opened, its text,
+    thinking or arguments in pieces, closed."""
+
+    def send(delta: dict[str, Any]) -> None:
+        if pause and abort.wait(pause):
+            raise StreamAborted(abort.reason)
+        emit(on_event, delta)
+
+    for index, block in enumerate(content):
+        kind = block.get("type")
+        start: dict[str, Any] = {"kind": "block_start", "index": index, "block": kind}
+        if kind == "tool_use":
+            start.update(id=block.get("id"), name=block.get("name"))
+        emit(on_event, start)
+        field, value = {
+            "text": ("text", block.get("text", "")),
+            "thinking": ("thinking", block.get("thinking", "")),
+            "tool_use": ("partial_json", json.dumps(block.get("input") or {})),
+        }.get(kind or "", ("", ""))
+        delta_kind = "input_json" if field == "partial_json" else field
+        for at in range(0, len(value), CHUNK):
+            send({"kind": delta_kind, "index": index, field: value[at : at + CHUNK]})
+        emit(on_event, {"kind": "block_stop", "index": index})
 
 
 def _step(request: ModelRequest) -> int:

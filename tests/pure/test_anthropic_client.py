@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import pickle
 import socket
 import threading
@@ -573,3 +574,54 @@ def test_shared_client_is_thread_safe(api: MessagesAPIServer, client: AnthropicM
     for thread in threads:
         thread.join(5)
     assert {n: r.content[0]["text"] for n, r in results.items()} == {n: f"n={n}" for n in range(6)}
+
+
+# -- deltas (live streams) --------------------------------------------------------------------
+
+
+def test_deltas_reach_the_sink_as_they_arrive(
+    api: MessagesAPIServer, client: AnthropicModelClient
+) -> None:
+    api.script = lambda body: Reply(
+        [
+            {"type": "thinking", "thinking": "Otters, then tools.", "signature": "sig"},
+            text("Let me search. " * 3),
+            tool_use("search", {"q": "otters sleeping"}),
+        ],
+        chunk_size=7,
+    )
+    seen: list[dict[str, Any]] = []
+    response = call(client, request(tools=TOOLS, on_event=seen.append))
+    kinds = [d["kind"] for d in seen]
+    assert kinds[0] == "block_start" and kinds[-1] == "block_stop"
+    assert [d["block"] for d in seen if d["kind"] == "block_start"] == [
+        "thinking",
+        "text",
+        "tool_use",
+    ]
+    joined = {
+        kind: "".join(d[field] for d in seen if d["kind"] == kind)
+        for kind, field in (
+            ("text", "text"),
+            ("thinking", "thinking"),
+            ("input_json", "partial_json"),
+        )
+    }
+    assert joined["text"] == response.content[1]["text"]
+    assert joined["thinking"] == "Otters, then tools."
+    assert json.loads(joined["input_json"]) == response.content[2]["input"]
+    assert len([d for d in seen if d["kind"] == "text"]) == 7  # 45 characters, 7 a delta
+    tool_start = next(d for d in seen if d.get("block") == "tool_use")
+    assert (tool_start["id"], tool_start["name"]) == (response.content[2]["id"], "search")
+    assert all(d["kind"] != "input_json" or d["partial_json"] for d in seen)  # no empty opener
+
+
+def test_a_failing_sink_never_fails_the_call(
+    api: MessagesAPIServer, client: AnthropicModelClient
+) -> None:
+    def broken(delta: dict[str, Any]) -> None:
+        raise RuntimeError("the watcher broke")
+
+    response = call(client, request(on_event=broken))
+    assert response.content == [{"type": "text", "text": "Hello there."}]
+    assert request(on_event=broken) == request()  # the sink is not part of the request

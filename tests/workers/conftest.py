@@ -12,7 +12,10 @@ from collections.abc import Iterator
 import pytest
 
 from tests.conftest import purge_queue
-from tests.processes import Workers
+from tests.processes import ASGIServer, Workers
+
+# The application name of the ASGI server's database connections (the tests count them).
+APP_NAME = "agentrun-streams-test"
 
 
 def pytest_collection_modifyitems(items):
@@ -39,3 +42,21 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     setattr(item, f"rep_{report.when}", report)
+
+
+@pytest.fixture
+def asgi_server(workers, stream_redis, settings, tmp_path) -> Iterator[ASGIServer]:
+    """uvicorn serving the example project, a worker started, both on the live streams' Redis
+    (keep-alives every 0.5 s, a database poll every 0.2 s)."""
+    extra = {
+        "AGENTRUN_STREAM_URL": stream_redis,
+        "AGENTRUN_STREAM_PREFIX": settings.AGENTRUN_STREAM_PREFIX,
+        "AGENTRUN_STREAM_KEEPALIVE_SECONDS": "0.5",
+        "AGENTRUN_STREAM_POLL_SECONDS": "0.2",
+    }
+    workers.start(**extra)
+    # Its database connections are named, so the test can count them.
+    served = ASGIServer(workers, tmp_path / "uvicorn.log", PGAPPNAME=APP_NAME, **extra)
+    yield served
+    served.stop()
+    print(served.log.read_text()[-3000:])  # shown when the test fails

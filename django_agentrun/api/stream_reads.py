@@ -1,0 +1,185 @@
+"""What a live stream reads from the database, in short synchronous calls run on the event
+loop's shared thread pool (`thread_sensitive=False`: no thread per client), each closing
+its connection when done (none is held between reads).
+
+A client's first read checks that its user may see the run; the reads that follow (after
+each commit's nudge) are the run's, shared by every stream of the process that waits for
+the same events: a commit watched by 200 clients costs one read, not 200."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from asgiref.sync import sync_to_async
+from django.db import connections
+from django.db.models import Max
+from rest_framework import exceptions
+from rest_framework.request import Request
+from rest_framework.settings import api_settings
+
+from ..models import Run, RunEvent, ToolCall, Turn
+from ..states import RunState
+from .errors import error_body
+from .serializers import RunEventSerializer
+
+# States in which nothing happens without a person or a new command: a stream ends there.
+RESTING = frozenset(
+    {
+        RunState.COMPLETED,
+        RunState.FAILED,
+        RunState.CANCELLED,
+        RunState.TIMED_OUT,
+        RunState.AWAITING_APPROVAL,
+    }
+)
+PAGE = 500  # events per read
+
+T = TypeVar("T")
+
+
+def close_connections() -> None:
+    """Close this thread's database connections (not one inside a transaction: a test's)."""
+    for conn in connections.all(initialized_only=True):
+        if not conn.in_atomic_block:
+            conn.close()
+
+
+def short_read(func: Callable[..., T]) -> Callable[..., Any]:
+    """`func` as a coroutine on the shared thread pool, its connection closed afterwards."""
+
+    @functools.wraps(func)
+    def closing(*args: Any, **kwargs: Any) -> T:
+        try:
+            return func(*args, **kwargs)
+        finally:
+            close_connections()
+
+    return sync_to_async(closing, thread_sensitive=False)
+
+
+@short_read
+def authenticate(request: Any) -> tuple[Any, tuple[int, str, str, dict[str, str]] | None]:
+    """(user, None), or (None, the refusal) as the API's views decide it: the project's DRF
+    authentication classes in order, then IsAuthenticated (401 with the first class's
+    challenge, else 403)."""
+    authenticators = [cls() for cls in api_settings.DEFAULT_AUTHENTICATION_CLASSES]
+    drf_request = Request(request, authenticators=authenticators)
+    try:
+        user = drf_request.user
+        if user is not None and user.is_authenticated:
+            return user, None
+        exc: exceptions.APIException = exceptions.NotAuthenticated()
+    except exceptions.APIException as failed:
+        exc = failed
+    challenge = authenticators[0].authenticate_header(drf_request) if authenticators else None
+    body = error_body(exc)
+    if challenge and isinstance(exc, exceptions.NotAuthenticated | exceptions.AuthenticationFailed):
+        return None, (401, body["code"], body["detail"], {"WWW-Authenticate": challenge})
+    status = 403 if exc.status_code == 401 else exc.status_code
+    return None, (status, body["code"], body["detail"], {})
+
+
+Cursor = tuple[int, int]  # (a run's position in its conversation, or 0; an event's seq)
+
+
+@dataclass
+class Snapshot:
+    """What one read found: the state (a run's; a conversation's last run's), whether
+    nothing is active, the newest cursor that exists, the events after the reader's cursor
+    (the API's public view of each, at most PAGE) with their cursors, and per position the
+    last turn whose answer is recorded (on a stream's first read)."""
+
+    state: str
+    resting: bool
+    last: Cursor
+    events: list[dict[str, Any]] = field(default_factory=list)
+    cursors: list[Cursor] = field(default_factory=list)
+    more: bool = False
+    answered: dict[int, int] = field(default_factory=dict)
+    # The last position whose events may be sent yet (a conversation sends a run's events
+    # once the runs before it have ended); deltas of a later run wait too.
+    frontier: int = 0
+
+
+def public_events(rows: list[RunEvent], run_id: Any) -> list[dict[str, Any]]:
+    events = [dict(e) for e in RunEventSerializer(rows, many=True).data]
+    _approval_ids(run_id, events)
+    return events
+
+
+@short_read
+def read_run(run_id: Any, user: Any, after: Cursor, *, first: bool = False) -> Snapshot | None:
+    """The run as `user` may see it (None: not found or not visible; `user` None: anyone)
+    with its events after `after`; bounded by the seq read with its state, so the events
+    and the state agree."""
+    runs = Run.objects.visible_to(user) if user is not None else Run.objects.all()
+    row = runs.filter(pk=run_id).values_list("state", "last_seq").first()
+    if row is None:
+        return None
+    state, last_seq = row
+    rows = list(
+        RunEvent.objects.filter(run_id=run_id, seq__gt=after[1], seq__lte=last_seq).order_by("seq")[
+            : PAGE + 1
+        ]
+    )
+    more, rows = len(rows) > PAGE, rows[:PAGE]
+    answered = {}
+    if first:
+        found = Turn.objects.filter(run_id=run_id).aggregate(m=Max("index"))["m"]
+        answered[0] = -1 if found is None else found
+    return Snapshot(
+        state,
+        state in RESTING,
+        (0, last_seq),
+        public_events(rows, run_id),
+        [(0, e.seq) for e in rows],
+        more,
+        answered,
+    )
+
+
+_shared: dict[tuple[int, Any, Any, Cursor], asyncio.Future[Snapshot | None]] = {}
+
+
+async def read_on(read: Any, ident: Any, after: Cursor) -> Snapshot | None:
+    """`read(ident, None, after)` after a stream's first read (visibility was checked then),
+    shared by the streams of this event loop that wait for the same events after the same
+    cursor. Its result is shared too: nobody may change it."""
+    key = (id(asyncio.get_running_loop()), read, ident, after)
+    found = _shared.get(key)
+    if found is None:
+        found = _shared[key] = asyncio.ensure_future(read(ident, None, after))
+        found.add_done_callback(lambda _: _shared.pop(key, None))
+    # Shielded: one stream that goes away does not cancel the others' read.
+    return await asyncio.shield(found)
+
+
+def _approval_ids(run_id: Any, events: list[dict[str, Any]]) -> None:
+    """An approval request carries its call's API id (`call`: POST tool-calls/{call}/...)."""
+    asked = [e for e in events if e["type"] == "approval_requested"]
+    if not asked:
+        return
+    ids = {e["payload"].get("tool_call_id") for e in asked}
+    found = dict(
+        ToolCall.objects.filter(run_id=run_id, tool_call_id__in=ids).values_list(
+            "tool_call_id", "pk"
+        )
+    )
+    for event in asked:
+        event["call"] = found.get(event["payload"].get("tool_call_id"))
+
+
+# Events that say a turn's answer is recorded (its deltas are then superseded).
+_ANSWERED = ("model_response", "turn_completed", "turn_cancelled", "turn_failed")
+
+
+def answered_by(event: dict[str, Any]) -> int:
+    """The turn whose answer `event` shows recorded, or -1."""
+    if event["type"] in _ANSWERED:
+        index = event["payload"].get("turn_index")
+        return index if isinstance(index, int) else -1
+    return -1

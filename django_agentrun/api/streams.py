@@ -1,0 +1,232 @@
+"""`GET runs/{id}/stream/`: a run's live stream, Server-Sent Events (formats in sse.py).
+
+A plain async Django view (DRF has no async views), so a stream holds no thread while it
+waits: it checks the API's own authentication (the project's DRF authentication classes,
+session included) and visibility (`Run.objects.visible_to(user)`: 404 for what one may not
+see; checked when the stream opens), reads the database only in short calls on a shared thread pool that close their
+connection (none is held between reads), and waits on the run's Redis stream (`XREAD
+BLOCK`) for deltas and for the nudge each commit sends (one read per nudge for all the
+process's streams of the run); without Redis it reads the
+database every AGENTRUN_STREAM_POLL_SECONDS. Serve it under ASGI (uvicorn); under WSGI it
+works but holds a worker thread per client.
+
+Resuming: `Last-Event-ID` (what EventSource sends) or `?after=` names the last durable
+event received; the stream sends what followed, never anything twice, then the current
+turn's deltas from the start of its answer. A run that rests (completed, failed,
+cancelled, timed out, or waiting for a person) ends its stream once everything is sent;
+with nothing after the cursor it answers 204 (EventSource stops reconnecting; the AI SDK
+reads "no active stream"). A client that disconnects cancels nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+
+from .. import streams
+from ..conf import agentrun_settings
+from ..streams.reader import RunDeltas, client
+from . import stream_reads as reads
+from .sse import ACCEPT, FORMATS, KEEPALIVE
+
+logger = logging.getLogger(__name__)
+
+# How much more seldom a stream with Redis reads the database on its own (between nudges).
+SAFETY_POLL_FACTOR = 10
+
+
+def error(status: int, code: str, detail: str, headers: dict[str, str] | None = None):
+    response = JsonResponse({"code": code, "detail": detail}, status=status)
+    for name, value in (headers or {}).items():
+        response[name] = value
+    return response
+
+
+def choose_format(request: HttpRequest) -> str | None:
+    """`?format=` (events, ai-sdk), else the Accept header; None: nothing acceptable."""
+    named = request.GET.get("format")
+    if named is not None:
+        return named if named in FORMATS else None
+    accept = request.headers.get("Accept", "")
+    types = [part.split(";")[0].strip().lower() for part in accept.split(",") if part.strip()]
+    for media_type in types:
+        if media_type in ACCEPT:
+            return ACCEPT[media_type]
+    if not types or any(t in ("*/*", "text/*") for t in types):
+        return "events"
+    return None
+
+
+def preflight(request: HttpRequest) -> tuple[str | None, HttpResponse | None]:
+    """The format asked for, or the refusal (405, 406)."""
+    if request.method not in ("GET", "HEAD"):
+        return None, error(405, "method_not_allowed", f'Method "{request.method}" not allowed.')
+    fmt = choose_format(request)
+    if fmt is None:
+        return None, error(
+            406,
+            "not_acceptable",
+            "A stream is text/event-stream: ?format=events or ?format=ai-sdk.",
+        )
+    return fmt, None
+
+
+def cursor_value(request: HttpRequest) -> str | None:
+    """`Last-Event-ID` (what EventSource sends on reconnecting) wins over `?after=`."""
+    return request.headers.get("Last-Event-ID") or request.GET.get("after")
+
+
+def bad_cursor(exc: Exception) -> HttpResponse:
+    return JsonResponse(
+        {"code": "invalid", "detail": f"after: {exc}.", "errors": {"after": [str(exc)]}},
+        status=400,
+    )
+
+
+async def run_stream(request: HttpRequest, pk: str) -> HttpResponse:
+    """The live stream of run `pk` (see the module's docstring)."""
+    fmt, refused = preflight(request)
+    if refused is not None:
+        return refused
+    try:
+        after = (0, streams.parse_run_cursor(cursor_value(request)))
+    except streams.InvalidCursor as exc:
+        return bad_cursor(exc)
+    user, refusal = await reads.authenticate(request)
+    if refusal is not None:
+        return error(*refusal)
+    try:
+        run_id = uuid.UUID(pk)
+    except ValueError:
+        return error(404, "not_found", "No such run.")
+    first = await reads.read_run(run_id, user, after, first=True)
+    if first is None:
+        return error(404, "not_found", "No such run.")
+    source = Source(run_id, reads.read_run, streams.run_key(run_id), lambda c: str(c[1]))
+    return respond(FORMATS[fmt](run_id), source, after, first)
+
+
+class Source:
+    """What a stream follows: a run, or a conversation (its runs in order)."""
+
+    def __init__(self, ident: Any, read: Any, key: str, cursor_text: Any) -> None:
+        self.ident = ident
+        self.read = read  # read(ident, user or None, after cursor, first=...) -> Snapshot
+        self.key = key  # its Redis stream
+        self.cursor_text = cursor_text  # the SSE id of a cursor
+
+
+def respond(fmt: Any, source: Source, after: reads.Cursor, first: reads.Snapshot) -> HttpResponse:
+    """204 when nothing is active and nothing follows the cursor; else the stream."""
+    if first.resting and not first.events:
+        return HttpResponse(status=204)
+    response = StreamingHttpResponse(
+        _stream(fmt, source, after, first), content_type="text/event-stream; charset=utf-8"
+    )
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
+    response["Vary"] = "Accept, Cookie, Authorization"
+    for name, value in fmt.headers.items():
+        response[name] = value
+    return response
+
+
+async def _stream(
+    fmt: Any, source: Source, after: reads.Cursor, snapshot: reads.Snapshot
+) -> AsyncIterator[str]:
+    for chunk in fmt.open():
+        yield chunk
+    hub = client()
+    deltas = RunDeltas(hub, source.key) if hub is not None else None
+    entries: list[Any] = []
+    if deltas is not None:
+        try:
+            entries = await deltas.catch_up()
+        except Exception as exc:  # noqa: BLE001 - no Redis after all: durable events only
+            logger.warning("Live stream without deltas (%s) key=%s", exc, source.key)
+            deltas.close()
+            deltas = None
+    try:
+        async for chunk in _follow(fmt, source, after, snapshot, deltas, entries):
+            yield chunk
+    finally:
+        if deltas is not None:
+            deltas.close()
+
+
+async def _follow(
+    fmt: Any,
+    source: Source,
+    cursor: reads.Cursor,
+    snapshot: reads.Snapshot | None,
+    deltas: RunDeltas | None,
+    entries: list[Any],
+) -> AsyncIterator[str]:
+    loop = asyncio.get_running_loop()
+    keepalive = float(agentrun_settings.STREAM_KEEPALIVE_SECONDS)
+    poll = float(agentrun_settings.STREAM_POLL_SECONDS)
+    answered = dict(snapshot.answered) if snapshot is not None else {}
+    streamed: set[tuple[int, int]] = set()  # (position, turn) whose deltas this stream sent
+    frontier = snapshot.frontier if snapshot is not None else 0
+    last_output = loop.time()
+    next_poll = 0.0
+    while True:
+        # Durable events first (the snapshot, then whatever a nudge or the timer asks for).
+        if snapshot is not None:
+            frontier = snapshot.frontier
+            for event, at in zip(snapshot.events, snapshot.cursors, strict=True):
+                cursor = at
+                turn = reads.answered_by(event)
+                if turn > answered.get(at[0], -1):
+                    answered[at[0]] = turn
+                for chunk in fmt.event(event, source.cursor_text(at)):
+                    yield chunk
+                last_output = loop.time()
+            if snapshot.resting and cursor >= snapshot.last:
+                for chunk in fmt.close(snapshot.state, source.cursor_text(cursor)):
+                    yield chunk
+                return
+            more, snapshot = snapshot.more, None
+            next_poll = loop.time() + (0 if more else poll * (SAFETY_POLL_FACTOR if deltas else 1))
+        need_db = False
+        for _entry_id, item in entries:
+            position = item.get("position", 0)
+            if item.get("kind") == "commit":
+                need_db = need_db or (position, item.get("seq", 0)) > cursor
+                continue
+            turn = item.get("turn")
+            if not isinstance(turn, int) or turn <= answered.get(position, -1):
+                continue  # an answer already committed: its record was (or will be) sent
+            if not cursor[0] <= position <= frontier:
+                continue  # a run before the cursor's, or one whose events wait
+            if item.get("kind") == "attempt":
+                item = {**item, "restart": (position, turn) in streamed}
+            streamed.add((position, turn))
+            for chunk in fmt.delta(item):
+                yield chunk
+            last_output = loop.time()
+        entries = []
+        now = loop.time()
+        if need_db or now >= next_poll:
+            snapshot = await reads.read_on(source.read, source.ident, cursor)
+            if snapshot is None:
+                return  # deleted
+            continue
+        if now - last_output >= keepalive:
+            yield KEEPALIVE
+            last_output = now
+        wait = max(0.0, min(next_poll, last_output + keepalive) - now)
+        if deltas is None:
+            await asyncio.sleep(wait)
+            continue
+        try:
+            entries = await deltas.next(wait)
+        except Exception as exc:  # noqa: BLE001 - Redis went away: poll the database instead
+            logger.warning("Live stream lost Redis (%s) key=%s", exc, source.key)
+            deltas.close()
+            deltas, next_poll = None, min(next_poll, loop.time() + poll)

@@ -1,0 +1,115 @@
+"""Reading live streams in tests: an in-process request through Django's AsyncClient, and
+the Server-Sent Events of a body parsed into frames."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from django.test import AsyncClient
+
+
+@dataclass
+class Frame:
+    event: str  # "message" when the frame names none
+    data: str
+    id: str | None = None
+
+    @property
+    def json(self) -> Any:
+        return json.loads(self.data)
+
+
+def frames(body: str) -> list[Frame]:
+    """The frames of an SSE body (comments and `retry:` lines left out)."""
+    found = []
+    for block in body.split("\n\n"):
+        event, data, frame_id = "message", [], None
+        for line in block.split("\n"):
+            name, _, value = line.partition(":")
+            value = value[1:] if value.startswith(" ") else value
+            if name == "event":
+                event = value
+            elif name == "data":
+                data.append(value)
+            elif name == "id":
+                frame_id = value
+        if data:
+            found.append(Frame(event, "\n".join(data), frame_id))
+    return found
+
+
+def comments(body: str) -> list[str]:
+    return [line for line in body.split("\n") if line.startswith(":")]
+
+
+def stream(path: str, *, user=None, chunks: int | None = None, **headers: str):
+    """GET `path` in process (the async view, on this thread's event loop); the response
+    and its body, read to its end or for `chunks` chunks only (then closed, as a client
+    that goes away)."""
+
+    async def go():
+        client = AsyncClient()
+        if user is not None:
+            await client.aforce_login(user)
+        response = await client.get(path, headers=headers)
+        body = []
+        if response.streaming:
+            iterator = response.streaming_content
+            async for chunk in iterator:
+                body.append(chunk.decode() if isinstance(chunk, bytes) else chunk)
+                if chunks is not None and len(body) >= chunks:
+                    break
+            await iterator.aclose()
+        else:
+            body.append(response.content.decode())
+        return response, "".join(body)
+
+    return async_to_sync(go)()
+
+
+class LiveStream:
+    """A stream read from a real server over HTTP, frame by frame; `close()` drops the
+    connection wherever it is (a client that goes away)."""
+
+    def __init__(self, base_url: str, path: str, *, auth: tuple[str, str], **headers: str):
+        import base64
+        import http.client
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(base_url)
+        self.conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+        token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
+        self.conn.request("GET", path, headers={"Authorization": f"Basic {token}", **headers})
+        self.response = self.conn.getresponse()
+        self.status = self.response.status
+
+    def frames(self):
+        """Frames as they arrive, and comments (as Frame("comment", text))."""
+        event, data, frame_id = "message", [], None
+        while True:
+            raw = self.response.readline()
+            if not raw:
+                return
+            line = raw.decode().rstrip("\n")
+            if line == "":
+                if data:
+                    yield Frame(event, "\n".join(data), frame_id)
+                event, data, frame_id = "message", [], None
+                continue
+            if line.startswith(":"):
+                yield Frame("comment", line)
+                continue
+            name, _, value = line.partition(":")
+            value = value[1:] if value.startswith(" ") else value
+            if name == "event":
+                event = value
+            elif name == "data":
+                data.append(value)
+            elif name == "id":
+                frame_id = value
+
+    def close(self) -> None:
+        self.conn.close()
