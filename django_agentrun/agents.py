@@ -9,6 +9,7 @@ from typing import Any
 
 from .conf import agentrun_settings
 from .exceptions import ConfigurationError, UnknownAgent
+from .servertools import ContextStrategy, check_server_tools, context_management
 from .tools import Tool
 
 logger = logging.getLogger(__name__)
@@ -50,6 +51,9 @@ class Agent:
         deadline: timedelta | None = None,
         approval_timeout: timedelta | None = None,
         prompt_caching: bool | None = None,
+        server_tools: list[dict[str, Any]] | tuple[dict[str, Any], ...] = (),
+        defer_loading: list[str] | tuple[str, ...] = (),
+        context: ContextStrategy | None = None,
         register: bool = True,
     ) -> None:
         if not name:
@@ -73,6 +77,12 @@ class Agent:
         self.deadline = deadline
         self.approval_timeout = approval_timeout
         self.prompt_caching = prompt_caching
+        # Run by the API itself (servertools.server_tool); their blocks are never our calls.
+        check_server_tools(name, server_tools, self.tools, defer_loading)
+        self.server_tools = [dict(t) for t in server_tools]
+        self.defer_loading = frozenset(defer_loading)
+        self.context = context
+        self.context_management = context_management(context)
         if max_turns is not None and max_turns < 1:
             raise ConfigurationError(f"Agent {name}: max_turns must be at least 1")
         if repeat_window is not None and repeat_window < 1:
@@ -83,13 +93,26 @@ class Agent:
     def __repr__(self) -> str:
         return f"<Agent {self.name}>"
 
+    @property
+    def waits_for_approvals(self) -> bool:
+        """Whether its runs may wait for a person (a tool that may need approval)."""
+        return any(t.requires_approval is not False for t in self.tools.values())
+
     def snapshot(self) -> dict[str, Any]:
         """The configuration a run keeps, so later code changes don't alter its limits."""
         s = agentrun_settings
         return {
             "model": self.model or s.DEFAULT_MODEL,
             "system": self.system,
-            "tools": [t.definition() for t in self.tools.values()],
+            "tools": [
+                *(
+                    {**t.definition(), "defer_loading": True}
+                    if t.name in self.defer_loading
+                    else t.definition()
+                    for t in self.tools.values()
+                ),
+                *self.server_tools,
+            ],
             "side_effects": {t.name: str(t.side_effect) for t in self.tools.values()},
             "max_turns": self.max_turns or s.DEFAULT_MAX_TURNS,
             "max_tool_calls_per_turn": self.max_tool_calls_per_turn
@@ -101,6 +124,9 @@ class Agent:
             "prompt_caching": s.PROMPT_CACHING
             if self.prompt_caching is None
             else self.prompt_caching,
+            # The cache outlives a wait for a person: 1 hour where a tool may need approval.
+            "cache_ttl": "1h" if self.waits_for_approvals else "5m",
+            "context_management": self.context_management,
             # resume_run starts the agent's time limit over when a resumed run had passed it.
             "deadline_seconds": self.deadline.total_seconds() if self.deadline else None,
             "approval_timeout_seconds": (

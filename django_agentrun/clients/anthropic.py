@@ -21,6 +21,8 @@ from .base import ModelError, ModelRequest, ModelResponse, StreamAborted, Usage,
 __all__ = ["AnthropicModelClient"]
 
 _EPHEMERAL = {"type": "ephemeral"}
+# The API refuses a request with more cache_control breakpoints than this.
+MAX_CACHE_BREAKPOINTS = 4
 
 # Status to assume for an `event: error` sent mid-stream (the HTTP status there is 200).
 _STREAM_ERROR_STATUS = {
@@ -140,8 +142,11 @@ class AnthropicModelClient:
         handle = _StreamHandle()
         remove = abort.add_callback(handle.cut)
         stream = None
+        messages = self.client.messages
+        if "context_management" in params:
+            messages = self.client.beta.messages  # a beta in SDK 2.16
         try:
-            with self.client.messages.stream(**params) as stream:
+            with messages.stream(**params) as stream:
                 handle.attach(stream.response)
                 try:
                     message = self._read(stream, abort, request.on_event)
@@ -205,25 +210,38 @@ class AnthropicModelClient:
     def build_params(request: ModelRequest) -> dict[str, Any]:
         """The SDK keyword arguments for `request`, empty parts left out.
 
-        With `cache_prefix`, the last tool and the last system block get an
-        ephemeral cache breakpoint (tools render before system, so both together
-        cache the whole stable prefix). Blocks are copied: the request is never mutated.
+        With `cache_prefix` the cache follows the conversation: automatic caching (the
+        top-level `cache_control`: the API puts the breakpoint on the last cacheable block,
+        so it moves forward each turn), and a breakpoint on the last tool and the last
+        system block (tools render before system: the stable prefix stays cached when the
+        conversation changes), all with the request's TTL, never more breakpoints than the
+        API's limit of 4 counting those in the messages. Blocks are copied: the request
+        is never mutated.
         """
         system = request.system
         if isinstance(system, str):  # tolerate a bare string system prompt
             system = [{"type": "text", "text": system}] if system else []
         system = [dict(block) for block in system]
         tools = [dict(tool) for tool in request.tools]
-        if request.cache_prefix:
-            if tools:
-                tools[-1]["cache_control"] = dict(_EPHEMERAL)
-            if system:
-                system[-1]["cache_control"] = dict(_EPHEMERAL)
         params: dict[str, Any] = {
             "model": request.model,
             "max_tokens": request.max_tokens,
             "messages": request.messages,
         }
+        if request.cache_prefix:
+            marker = dict(_EPHEMERAL)
+            if request.cache_ttl == "1h":
+                marker["ttl"] = "1h"
+            free = MAX_CACHE_BREAKPOINTS - _breakpoints(request.messages)
+            if free >= 1:
+                params["cache_control"] = dict(marker)
+            if tools and free >= 2:
+                tools[-1]["cache_control"] = dict(marker)
+            if system and free >= 2 + bool(tools):
+                system[-1]["cache_control"] = dict(marker)
+        if request.context_management:
+            params["context_management"] = {"edits": request.context_management["edits"]}
+            params["betas"] = [request.context_management["beta"]]
         optional = {
             "system": system,
             "tools": tools,
@@ -283,6 +301,16 @@ class AnthropicModelClient:
         if key and key in message:
             message = message.replace(key, "[redacted]")
         return message
+
+
+def _breakpoints(value: Any) -> int:
+    """The cache_control breakpoints in messages (blocks, and blocks in tool results)."""
+    if isinstance(value, list):
+        return sum(_breakpoints(item) for item in value)
+    if isinstance(value, dict):
+        own = 1 if value.get("cache_control") else 0
+        return own + _breakpoints(value.get("content"))
+    return 0
 
 
 def _delta(event: Any) -> dict[str, Any] | None:

@@ -17,25 +17,44 @@ USAGE_KEYS = (
 )
 
 
+# The usage's nested parts kept as returned (the cost prices them): server tool requests
+# (`web_search_requests`, `web_fetch_requests`) and cache writes by TTL
+# (`ephemeral_5m_input_tokens`, `ephemeral_1h_input_tokens`).
+USAGE_DETAIL_KEYS = ("server_tool_use", "cache_creation")
+
+
 @dataclass(frozen=True)
 class Usage:
-    """Token counts of one response, named like the API's usage keys."""
+    """Token counts of one response, named like the API's usage keys, and its nested
+    details (`USAGE_DETAIL_KEYS`) as returned."""
 
     input_tokens: int = 0
     output_tokens: int = 0
     cache_creation_input_tokens: int = 0
     cache_read_input_tokens: int = 0
+    details: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @classmethod
     def from_mapping(cls, data: Any) -> Usage:
-        def get(key: str) -> int:
-            value = data.get(key) if isinstance(data, dict) else getattr(data, key, None)
-            return int(value or 0)
+        def get(key: str) -> Any:
+            return data.get(key) if isinstance(data, dict) else getattr(data, key, None)
 
-        return cls(**{key: get(key) for key in USAGE_KEYS})
+        details = {}
+        for key in USAGE_DETAIL_KEYS:
+            value = get(key)
+            if hasattr(value, "model_dump"):
+                value = value.model_dump(mode="json")
+            if isinstance(value, dict):
+                details[key] = {k: v for k, v in value.items() if v is not None}
+        return cls(**{key: int(get(key) or 0) for key in USAGE_KEYS}, details=details)
 
     def as_dict(self) -> dict[str, int]:
+        """The four counters (what a run adds up)."""
         return {key: getattr(self, key) for key in USAGE_KEYS}
+
+    def as_recorded(self) -> dict[str, Any]:
+        """The counters and the nested details: what a turn records and the cost prices."""
+        return {**self.as_dict(), **self.details}
 
     @property
     def prompt_tokens(self) -> int:
@@ -54,6 +73,10 @@ class ModelRequest:
     tools: list[dict[str, Any]] = field(default_factory=list)
     tool_choice: dict[str, Any] | None = None
     cache_prefix: bool = True
+    # The TTL of the cache breakpoints ("5m" or "1h": a run that may wait for a person).
+    cache_ttl: str = "5m"
+    # The beta `context_management` ({"edits": [...], "beta": its beta name}) or None.
+    context_management: dict[str, Any] | None = None
     stop_sequences: list[str] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
     # Where a streaming client hands each delta as it arrives (`DELTA_KINDS`); None: nowhere.

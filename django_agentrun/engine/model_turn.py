@@ -78,6 +78,8 @@ def request(step: Step, turn: Turn) -> ModelRequest:
         tools=list(config.get("tools") or []),
         tool_choice=tool_choice,
         cache_prefix=bool(config.get("prompt_caching", True)),
+        cache_ttl=config.get("cache_ttl") or "5m",
+        context_management=config.get("context_management"),
     )
 
 
@@ -146,7 +148,9 @@ def record(step: Step, turn: Turn, response: ModelResponse, retries: int) -> Com
     write, run = step.write(), step.run
     content = sanitize_content(response.content)
     usage = response.usage.as_dict()
-    cost = guards.cost_of(step.config["model"], usage)
+    # The nested details too (server tool requests, cache writes by TTL): priced, kept.
+    recorded = response.usage.as_recorded()
+    cost = guards.cost_of(step.config["model"], recorded)
     stop = response.stop_reason or ""
     blocks = [b for b in content if b.get("type") == "tool_use"]
     truncated_id = (
@@ -156,13 +160,14 @@ def record(step: Step, turn: Turn, response: ModelResponse, retries: int) -> Com
         and content[-1].get("type") == "tool_use"
         else None
     )
-    event = payloads.model_response(turn, response, content, usage, cost)
+    event = payloads.model_response(turn, response, content, recorded, cost)
     answer: dict[str, Any] = dict(
         message_id=response.message_id,
         request_id=response.request_id,
         model=response.model,
         stop_reason=stop,
         model_attempts=retries + 1,
+        usage_details=response.usage.details,
         **usage,
     )
     # Usage is counted here, once per recorded response.
@@ -216,7 +221,9 @@ def _then(step: Step, write: Any, turn: Turn, calls: list[Any], stop: str) -> Th
         step.turns_done += 1
         endings.complete(step, write, "max_turns")
         return Then.FINISH
-    if stop == "pause_turn":
+    if stop in ("pause_turn", "compaction"):
+        # The API paused its own loop (server tools) or stopped after compacting: the next
+        # turn sends this content back as the last message and the API goes on from it.
         return endings.after_turn(step, write, turn)
     step.turns_done += 1
     endings.complete(step, write, stop)

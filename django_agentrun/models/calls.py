@@ -48,6 +48,11 @@ class Turn(FSMModelMixin, UsageCounts):
     model = models.CharField(max_length=200, blank=True)
     stop_reason = models.CharField(max_length=64, blank=True)
     model_attempts = models.PositiveIntegerField(default=0)
+    usage_details = json_field(
+        default=dict,
+        blank=True,
+        help_text="The usage's nested parts as returned: server_tool_use, cache_creation.",
+    )
     started_at = models.DateTimeField(default=timezone.now)
     finished_at = models.DateTimeField(null=True, blank=True)
 
@@ -59,6 +64,10 @@ class Turn(FSMModelMixin, UsageCounts):
 
     def __str__(self) -> str:
         return f"turn {self.index} of {self.run_id} ({self.state})"
+
+    def recorded_usage(self) -> dict[str, Any]:
+        """The four counters and the nested details, as the response's usage had them."""
+        return {**self.usage(), **(self.usage_details or {})}
 
     to_awaiting_tool = transition_to(state, TURN_TRANSITIONS, TurnState.AWAITING_TOOL)
     to_completed = transition_to(state, TURN_TRANSITIONS, TurnState.COMPLETED)

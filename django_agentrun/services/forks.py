@@ -142,7 +142,7 @@ def _copy(original: Run, at_turn: int, by: Any) -> Run:
         original.tool_calls.filter(turn_index__lt=at_turn).order_by("turn_index", "position")
     )
     model = (original.config or {}).get("model", "")
-    costs = {t.index: cost_of(model, t.usage()) for t in turns}
+    costs = {t.index: cost_of(model, t.recorded_usage()) for t in turns}
     limit = (original.config or {}).get("deadline_seconds")
     now = timezone.now()
     fork = Run(
@@ -193,6 +193,7 @@ def _turn_copy(fork: Run, turn: Turn) -> Turn:
         model=turn.model,
         stop_reason=turn.stop_reason,
         model_attempts=turn.model_attempts,
+        usage_details=turn.usage_details,
         started_at=turn.started_at,
         finished_at=turn.finished_at,
         **turn.usage(),
@@ -236,7 +237,9 @@ def _turn_events(turn: Turn, calls: list[ToolCall], cost: Decimal) -> list[paylo
     kind, started = payloads.turn_started(turn)
     events: list[payloads.Event] = [(kind, {**started, "turn_state": TurnState.RUNNING})]
     if turn.content is not None or any(turn.usage().values()):
-        kind, answer = payloads.model_response(turn, turn, turn.content or [], turn.usage(), cost)
+        kind, answer = payloads.model_response(
+            turn, turn, turn.content or [], turn.recorded_usage(), cost
+        )
         if turn.content is None:
             answer["discarded"] = True  # paid for, never part of the conversation
         elif calls:

@@ -137,8 +137,8 @@ def test_streams_a_text_response(api: MessagesAPIServer, client: AnthropicModelC
     assert sent["stream"] is True
     assert sent_key(sent) == API_KEY
     assert response.request_id == sent["request_id"]  # the request-id response header
-    # Nothing optional was sent for a bare request.
-    assert set(sent["body"]) == {"model", "max_tokens", "messages", "stream"}
+    # Nothing optional was sent for a bare request (but automatic caching).
+    assert set(sent["body"]) == {"model", "max_tokens", "messages", "stream", "cache_control"}
 
 
 def test_optional_params_are_passed(api: MessagesAPIServer, client: AnthropicModelClient) -> None:
@@ -263,7 +263,7 @@ def cache_controls(value: Any) -> int:
     return 0
 
 
-def test_cache_prefix_marks_last_tool_and_last_system_block(
+def test_cache_prefix_marks_last_tool_and_last_system_block_and_follows_the_conversation(
     api: MessagesAPIServer, client: AnthropicModelClient
 ) -> None:
     req = request(tools=copy.deepcopy(TOOLS), system=copy.deepcopy(SYSTEM), cache_prefix=True)
@@ -273,9 +273,38 @@ def test_cache_prefix_marks_last_tool_and_last_system_block(
     assert sent["tools"][-1]["cache_control"] == {"type": "ephemeral"}
     assert sent["system"][-1]["cache_control"] == {"type": "ephemeral"}
     assert "cache_control" not in sent["tools"][0] and "cache_control" not in sent["system"][0]
-    assert cache_controls(sent) == 2
+    # Automatic caching: the API puts this breakpoint on the last block, each turn.
+    assert sent["cache_control"] == {"type": "ephemeral"}
+    assert cache_controls(sent) == 3
     assert req == before  # the request (and its lists and dicts) were not mutated
     assert cache_controls(req.tools) == cache_controls(req.system) == 0
+
+
+def test_cache_ttl_and_the_breakpoint_limit(
+    api: MessagesAPIServer, client: AnthropicModelClient
+) -> None:
+    """1 hour for a run that may wait for a person; never more than the API's 4 breakpoints:
+    breakpoints of the input leave fewer for the prefix (system goes first, then tools)."""
+    hour = {"type": "ephemeral", "ttl": "1h"}
+    call(client, request(tools=copy.deepcopy(TOOLS), system=copy.deepcopy(SYSTEM), cache_ttl="1h"))
+    sent = api.last_request["body"]
+    assert sent["cache_control"] == sent["tools"][-1]["cache_control"] == hour
+    assert sent["system"][-1]["cache_control"] == hour
+    for given in (1, 2, 3):
+        content = [
+            {"type": "text", "text": f"part {i}", "cache_control": {"type": "ephemeral"}}
+            for i in range(given)
+        ]
+        req = request(
+            tools=copy.deepcopy(TOOLS),
+            system=copy.deepcopy(SYSTEM),
+            messages=[{"role": "user", "content": content}],
+        )
+        call(client, req)
+        sent = api.last_request["body"]
+        assert cache_controls(sent) == 4
+        assert "cache_control" in sent  # the moving breakpoint is the last one dropped
+        assert ("cache_control" in sent["system"][-1]) == (given == 1)
 
 
 def test_no_cache_control_without_cache_prefix(

@@ -29,15 +29,19 @@ from .script import (
     ScriptExhausted,
     as_reply,
     by_step,
+    code_execution,
     error,
     load_script,
     new_id,
     script_from_steps,
+    server_tool_use,
     step_of,
     text,
     tool_use,
+    web_search,
 )
 from .server import MessagesAPIServer
+from .servertools import compaction_block
 from .validation import APIRequestError, validate_request
 
 __all__ = [
@@ -49,12 +53,16 @@ __all__ = [
     "ScriptExhausted",
     "as_reply",
     "by_step",
+    "code_execution",
+    "compaction_block",
     "error",
     "load_script",
     "new_id",
     "script_from_steps",
+    "server_tool_use",
     "step_of",
     "text",
     "tool_use",
     "validate_request",
+    "web_search",
 ]

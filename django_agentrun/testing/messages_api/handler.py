@@ -10,10 +10,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
-from . import replies
+from . import replies, servertools
+from .cache import PromptCache, tokens
 from .recorder import Recorder
 from .script import Reply, Script, ScriptExhausted, as_reply, new_id
 from .validation import APIRequestError, invalid, validate_request
@@ -38,10 +40,17 @@ class APIHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, address: tuple[str, int], api: Served, recorder: Recorder) -> None:
+    def __init__(
+        self,
+        address: tuple[str, int],
+        api: Served,
+        recorder: Recorder,
+        cache: PromptCache | None = None,
+    ) -> None:
         super().__init__(address, Handler)
         self.api = api
         self.recorder = recorder
+        self.cache = cache if cache is not None else PromptCache()
         self.stopping = threading.Event()
         self._lock = threading.Lock()
         self._connections: set[socket.socket] = set()
@@ -206,7 +215,7 @@ class Handler(BaseHTTPRequestHandler):
             return
         try:
             self._check_headers()
-            validate_request(body)
+            validate_request(body, self._betas())
         except APIRequestError as exc:
             self._send_error(exc)
             return
@@ -229,11 +238,21 @@ class Handler(BaseHTTPRequestHandler):
                 APIRequestError(reply.status, reply.error_message or "", reply.error_type),
                 reply.headers,
             )
-        elif stream:
-            self._stream(body, reply)
+            return
+        reply = _compacted(body, reply)
+        # Read and written by the prompt cache when the API reads the prompt: once answered.
+        prompt = self.server.cache.account(body)
+        if stream:
+            self._stream(body, reply, prompt)
         else:
             self._rec["status"] = 200
-            self._send_json(200, replies.message(body, reply, reply.blocks()), reply.headers)
+            self._send_json(
+                200, replies.message(body, reply, reply.blocks(), prompt), reply.headers
+            )
+
+    def _betas(self) -> set[str]:
+        header = self.headers.get("anthropic-beta") or ""
+        return {part.strip() for part in header.split(",") if part.strip()}
 
     def _check_headers(self) -> None:
         api = self.server.api
@@ -248,7 +267,7 @@ class Handler(BaseHTTPRequestHandler):
         if not self.headers.get("anthropic-version"):
             raise invalid("anthropic-version: header is required")
 
-    def _stream(self, body: dict[str, Any], reply: Reply) -> None:
+    def _stream(self, body: dict[str, Any], reply: Reply, prompt: dict[str, Any]) -> None:
         self._rec["status"] = 200
         self.send_response(200)
         self.send_header("content-type", "text/event-stream; charset=utf-8")
@@ -259,7 +278,7 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header(key, value)
         try:
             self.end_headers()
-            for n, event in enumerate(replies.events(body, reply, self._request_id)):
+            for n, event in enumerate(replies.events(body, reply, self._request_id, prompt)):
                 if reply.drop_after is not None and n >= reply.drop_after:
                     # Simulate a network failure: cut the connection without ending the body.
                     self.close_connection = True
@@ -275,3 +294,17 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             if not self.server.stopping.is_set():
                 self.server.recorder.disconnected()
+
+
+def _compacted(body: dict[str, Any], reply: Reply) -> Reply:
+    """The reply as the API answers a request whose compaction is due: a compaction block
+    first (then the answer, or nothing more with pause_after_compaction: stop reason
+    `compaction`)."""
+    if not servertools.should_compact(body, tokens):
+        return reply
+    count = len(body.get("messages") or [])
+    block = servertools.compaction_block(f"Summary of the conversation so far ({count} messages).")
+    edit = servertools.compact_edit(body) or {}
+    if edit.get("pause_after_compaction"):
+        return replace(reply, content=[block], stop_reason="compaction", truncate_input=False)
+    return replace(reply, content=[block, *reply.content])

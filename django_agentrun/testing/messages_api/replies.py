@@ -6,7 +6,8 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from . import thinking
+from . import servertools, thinking
+from .cache import tokens
 from .script import Reply, last_tool_use_index, new_id
 
 
@@ -19,19 +20,36 @@ def _sse(event: str, data: dict[str, Any]) -> bytes:
     return f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
 
 
-def usage(body: dict[str, Any], reply: Reply, content: list[dict[str, Any]]) -> dict:
-    """Token counts estimated from the sizes (about 4 characters a token), unless scripted."""
-    counts = {
-        "input_tokens": max(1, len(json.dumps(body)) // 4),
+def usage(
+    body: dict[str, Any],
+    reply: Reply,
+    content: list[dict[str, Any]],
+    prompt: dict[str, Any] | None = None,
+) -> dict:
+    """Token counts, unless scripted: the input side as `prompt` says (the prompt cache's
+    account of the request; without it, all of the request at full price), the output
+    estimated from the content's size (about 4 characters a token), and the server tool
+    requests the content made."""
+    counts: dict[str, Any] = {
+        "input_tokens": max(1, tokens(body)),
         "cache_creation_input_tokens": 0,
         "cache_read_input_tokens": 0,
+        "cache_creation": {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 0},
+        **(prompt or {}),
         "output_tokens": max(1, len(json.dumps(content)) // 4),
     }
+    if any(b.get("type") == "server_tool_use" for b in content):
+        counts["server_tool_use"] = servertools.server_tool_usage(content)
     counts.update(reply.usage or {})
     return counts
 
 
-def message(body: dict[str, Any], reply: Reply, content: list[dict[str, Any]]) -> dict[str, Any]:
+def message(
+    body: dict[str, Any],
+    reply: Reply,
+    content: list[dict[str, Any]],
+    prompt: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The Message object of a reply with `content` (its thinking blocks signed)."""
     content = thinking.sign(body, content)
     return {
@@ -42,19 +60,21 @@ def message(body: dict[str, Any], reply: Reply, content: list[dict[str, Any]]) -
         "content": content,
         "stop_reason": reply.stop_reason,
         "stop_sequence": reply.stop_sequence,
-        "usage": {**usage(body, reply, content), "service_tier": "standard"},
+        "usage": {**usage(body, reply, content, prompt), "service_tier": "standard"},
     }
 
 
-def events(body: dict[str, Any], reply: Reply, request_id: str) -> Iterator[bytes]:
+def events(
+    body: dict[str, Any], reply: Reply, request_id: str, prompt: dict[str, Any] | None = None
+) -> Iterator[bytes]:
     """The SSE events of a streamed reply, in the real API's order and shape."""
     content = thinking.sign(body, [dict(b) for b in reply.content])  # type: ignore[union-attr]
     cut = last_tool_use_index(content) if reply.truncate_input else None
     if cut is not None:
         content = content[: cut + 1]
-    start_message = message(body, reply, [])
+    start_message = message(body, reply, [], prompt)
     start_message["stop_reason"] = start_message["stop_sequence"] = None  # only known at the end
-    counts = usage(body, reply, content)
+    counts = usage(body, reply, content, prompt)
     start_message["usage"] = {**counts, "output_tokens": 1, "service_tier": "standard"}
     yield _sse("message_start", {"type": "message_start", "message": start_message})
     yield _sse("ping", {"type": "ping"})
@@ -108,7 +128,19 @@ def events(body: dict[str, Any], reply: Reply, request_id: str) -> Iterator[byte
         {
             "type": "message_delta",
             "delta": {"stop_reason": reply.stop_reason, "stop_sequence": reply.stop_sequence},
-            "usage": {"output_tokens": counts["output_tokens"]},
+            # The final usage, as the real API sends it here (server tool requests too).
+            "usage": {
+                k: v
+                for k, v in counts.items()
+                if k
+                in (
+                    "output_tokens",
+                    "input_tokens",
+                    "cache_creation_input_tokens",
+                    "cache_read_input_tokens",
+                    "server_tool_use",
+                )
+            },
         },
     )
     yield _sse("message_stop", {"type": "message_stop"})

@@ -53,6 +53,67 @@ def tool_use(
     return block
 
 
+def server_tool_use(
+    name: str, input: dict[str, Any] | None = None, id: str | None = None
+) -> dict[str, Any]:
+    """A server_tool_use block (a tool the API runs itself); the id is generated (once, by
+    Reply) if not given, and given to the result block after it that has none."""
+    block: dict[str, Any] = {"type": "server_tool_use", "name": name, "input": dict(input or {})}
+    if id is not None:
+        block["id"] = id
+    return block
+
+
+def web_search(query: str, results: list[tuple[str, str]] = ()) -> list[dict[str, Any]]:
+    """A web search as the API returns it: its server_tool_use and its result block, with
+    `results` as (url, title) pairs."""
+    return [
+        server_tool_use("web_search", {"query": query}),
+        {
+            "type": "web_search_tool_result",
+            "content": [
+                {
+                    "type": "web_search_result",
+                    "url": url,
+                    "title": title,
+                    "encrypted_content": f"enc:{url}",
+                    "page_age": None,
+                }
+                for url, title in results
+            ],
+        },
+    ]
+
+
+def code_execution(code: str, stdout: str = "", return_code: int = 0) -> list[dict[str, Any]]:
+    """A code execution as the API returns it: its server_tool_use and its result block."""
+    return [
+        server_tool_use("code_execution", {"code": code}),
+        {
+            "type": "code_execution_tool_result",
+            "content": {
+                "type": "code_execution_result",
+                "stdout": stdout,
+                "stderr": "",
+                "return_code": return_code,
+                "content": [],
+            },
+        },
+    ]
+
+
+_SERVER_RESULTS = frozenset(
+    {
+        "web_search_tool_result",
+        "web_fetch_tool_result",
+        "code_execution_tool_result",
+        "bash_code_execution_tool_result",
+        "text_editor_code_execution_tool_result",
+        "tool_search_tool_result",
+    }
+)
+
+
 @dataclass
 class Reply:
     """One scripted answer of the fake API.
@@ -67,8 +128,10 @@ class Reply:
     # Default: "tool_use" if content has a tool_use block, "max_tokens" if truncated, else "end_turn".
     stop_reason: str | None = None
     stop_sequence: str | None = None
-    # Any of input_tokens / output_tokens / cache_creation_input_tokens / cache_read_input_tokens;
-    # the rest are estimated (input: request body size / 4, output: content size / 4, cache: 0).
+    # Any of input_tokens / output_tokens / cache_creation_input_tokens / cache_read_input_tokens
+    # (and the nested server_tool_use / cache_creation); the rest are computed (input and
+    # cache from the request and the stand-in's prompt cache, output: content size / 4,
+    # server_tool_use from the server_tool_use blocks).
     usage: dict[str, int] | None = None
     # Seconds between Server-Sent Events (a slow stream).
     delay: float = 0.0
@@ -97,10 +160,16 @@ class Reply:
         if isinstance(self.content, str):
             self.content = [text(self.content)]
         blocks = []
+        last_server_id = None
         for block in self.content:
             block = dict(block)
             if block.get("type") == "tool_use" and not block.get("id"):
                 block["id"] = new_id("toolu_")
+            if block.get("type") == "server_tool_use":
+                block.setdefault("id", new_id("srvtoolu_"))
+                last_server_id = block["id"]
+            if block.get("type") in _SERVER_RESULTS and not block.get("tool_use_id"):
+                block["tool_use_id"] = last_server_id
             blocks.append(block)
         self.content = blocks
         if self.truncate_input and not any(b.get("type") == "tool_use" for b in blocks):

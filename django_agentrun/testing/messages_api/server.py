@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from .cache import PromptCache
 from .handler import APIHTTPServer
 from .recorder import Recorder
 from .script import Script
@@ -38,6 +39,8 @@ class MessagesAPIServer:
         self._port = port
         self.on_request = on_request
         self._recorder = Recorder()  # outlives each start/stop
+        # What the API would hold in its prompt cache (cache.py); outlives each start/stop.
+        self.prompt_cache = PromptCache()
         self._httpd: APIHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -46,7 +49,7 @@ class MessagesAPIServer:
     def start(self) -> MessagesAPIServer:
         if self._httpd is not None:
             return self
-        httpd = APIHTTPServer((self.host, self._port), self, self._recorder)
+        httpd = APIHTTPServer((self.host, self._port), self, self._recorder, self.prompt_cache)
         self._httpd = httpd
         self._thread = threading.Thread(
             target=httpd.serve_forever,

@@ -7,7 +7,7 @@ import re
 from typing import Any
 from urllib.parse import urlsplit
 
-from . import thinking
+from . import servertools, thinking
 from .script import ERROR_TYPES, text
 
 _ID_PATTERN = re.compile(r"^[a-zA-Z0-9_-]+$")
@@ -62,6 +62,7 @@ _BLOCK_TYPES = frozenset(
         "mcp_tool_use",
         "mcp_tool_result",
         "tool_reference",
+        "compaction",
     }
 )
 _MAX_CACHE_BREAKPOINTS = 4
@@ -166,11 +167,19 @@ def _check_download(source: Any) -> None:
         raise invalid("Unable to download the file")
 
 
-def validate_request(body: Any) -> None:
+def validate_request(body: Any, betas: set[str] | None = None) -> None:
     """Raise APIRequestError for a body the real Messages API would reject.
 
-    Usable without the server, e.g. by an in-process fake model client.
+    Usable without the server, e.g. by an in-process fake model client. `betas`: the
+    request's anthropic-beta header values (None: not checked).
     """
+    try:
+        _validate(body, betas)
+    except servertools.Refusal as exc:
+        raise invalid(str(exc)) from None
+
+
+def _validate(body: Any, betas: set[str] | None) -> None:
     if not isinstance(body, dict):
         raise invalid("Input should be a valid dictionary")
     for key in body:
@@ -211,7 +220,9 @@ def validate_request(body: Any) -> None:
             if key != "user_id":
                 raise invalid(f"metadata.{key}: Extra inputs are not permitted")
 
-    breakpoints = 0
+    # Automatic caching: the top-level cache_control takes one of the breakpoints.
+    breakpoints = _check_cache_control(body.get("cache_control"), "cache_control")
+    servertools.check_context_management(body, betas)
     system = body.get("system")
     if system is not None and not isinstance(system, str):
         if not isinstance(system, list):
@@ -248,6 +259,7 @@ def validate_request(body: Any) -> None:
             breakpoints += _check_cache_control(tool.get("cache_control"), f"tools.{j}")
         if len(set(tool_names)) != len(tool_names):
             raise invalid("tools: Tool names must be unique.")
+    declared = servertools.check_tools(body)
 
     tool_choice = body.get("tool_choice")
     if tool_choice is not None:
@@ -312,6 +324,9 @@ def validate_request(body: Any) -> None:
             f"A maximum of {_MAX_CACHE_BREAKPOINTS} blocks with cache_control may be provided. "
             f"Found {breakpoints}."
         )
+
+    # Server tool blocks are the request's server tools, each answered in its own message.
+    servertools.check_messages(body, parsed, declared)
 
     # Thinking blocks come back unchanged, under the system prompt and tools they were made
     # under (thinking.py): a changed block or prefix is refused.
