@@ -14,6 +14,8 @@ except PackageNotFoundError:  # imported from a source tree that was never insta
 __all__ = [
     "Agent",
     "Budget",
+    "ClearToolUses",
+    "Compaction",
     "Reconciliation",
     "SideEffect",
     "ToolContext",
@@ -27,6 +29,7 @@ __all__ = [
     "resolve_tool_call",
     "resume_run",
     "send_message",
+    "server_tool",
     "start_conversation",
     "start_run",
     "stop_conversation",
@@ -36,6 +39,9 @@ __all__ = [
 _LAZY = {
     "Agent": "agents",
     "Budget": "agents",
+    "ClearToolUses": "servertools",
+    "Compaction": "servertools",
+    "server_tool": "servertools",
     "Reconciliation": "tools",
     "ToolContext": "tools",
     "tool": "tools",
@@ -59,6 +65,7 @@ if TYPE_CHECKING:
     from .agents import Agent, Budget
     from .content import ToolResult
     from .exceptions import ToolError
+    from .servertools import ClearToolUses, Compaction, server_tool
     from .services import (
         approve_tool_call,
         cancel_run,

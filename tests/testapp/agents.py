@@ -21,6 +21,7 @@ from django_agentrun import (
     ToolContext,
     ToolError,
     ToolResult,
+    server_tool,
     tool,
 )
 from django_agentrun.content import image_block
@@ -255,4 +256,16 @@ Agent(
     system="You are a chat agent.",
     tools=[lookup, delete_account, slow, shell_sleep, during],
     max_turns=6,
+)
+
+
+# Server tools: the API runs web search itself, next to this app's own tools (one that may
+# need approval: the cache lives an hour). The crash matrix's conversation uses it.
+Agent(
+    name="researcher",
+    model="claude-sonnet-4-5",
+    system="You are a research agent. " * 300,  # a prefix long enough to be cached
+    tools=[lookup, save_note, send_message, delete_account],
+    server_tools=[server_tool("web_search_20250305", max_uses=3)],
+    max_turns=30,
 )

@@ -9,7 +9,8 @@ by an earlier request, still within its TTL): that prefix is read
 last breakpoint is written (`cache_creation_input_tokens`, split by the breakpoints' TTL
 into `cache_creation.ephemeral_5m_input_tokens` / `ephemeral_1h_input_tokens`), each
 breakpoint's prefix becoming an entry; the rest is `input_tokens`. A prefix shorter than
-the model's minimum is not cached. Tokens are the stand-in's estimate: 4 characters each.
+the model's minimum is not cached. Tokens are the stand-in's estimate: 4 characters each,
+a few more for each message's role, and a few for the request itself (never cached).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from typing import Any
 TTL_SECONDS = {"5m": 300.0, "1h": 3600.0}
 LOOKBACK = 20
 DEFAULT_MIN_TOKENS = 1024
+REQUEST_TOKENS = 4  # the request's own framing, after the last block
+ROLE_TOKENS = 3  # a message's role marker, counted with its first block
 
 
 def tokens(value: Any) -> int:
@@ -41,11 +44,11 @@ def _units(body: dict[str, Any]) -> list[tuple[str, int, str | None]]:
     """(canonical text, tokens, breakpoint TTL or None) per block, in rendering order."""
     units: list[tuple[str, int, str | None]] = []
 
-    def add(prefix: str, block: Any) -> None:
+    def add(prefix: str, block: Any, extra: int = 0) -> None:
         marker = block.get("cache_control") if isinstance(block, dict) else None
         ttl = (marker.get("ttl") or "5m") if isinstance(marker, dict) else None
         plain = _plain(block)
-        units.append((prefix + json.dumps(plain, sort_keys=True), tokens(plain), ttl))
+        units.append((prefix + json.dumps(plain, sort_keys=True), tokens(plain) + extra, ttl))
 
     for tool in body.get("tools") or ():
         add("tool:", tool)
@@ -55,8 +58,9 @@ def _units(body: dict[str, Any]) -> list[tuple[str, int, str | None]]:
     for message in body.get("messages") or ():
         content = message.get("content")
         role = message.get("role")
-        for block in [{"type": "text", "text": content}] if isinstance(content, str) else content:
-            add(f"{role}:", block)
+        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        for k, block in enumerate(blocks):
+            add(f"{role}:" if k else f"new {role}:", block, ROLE_TOKENS if k == 0 else 0)
     return units
 
 
@@ -84,14 +88,14 @@ class PromptCache:
 
     def account(self, body: dict[str, Any]) -> dict[str, Any]:
         """The input side of the usage of `body`, and the cache updated as the API does."""
-        total = max(1, tokens(body))
         units = _units(body)
         marks = {i: ttl for i, (_, _, ttl) in enumerate(units) if ttl}
         auto = body.get("cache_control")
         if isinstance(auto, dict) and units:
             marks.setdefault(len(units) - 1, auto.get("ttl") or "5m")
         usage: dict[str, Any] = {
-            "input_tokens": total,
+            # Without breakpoints, the estimate the stand-in always made: the body's size.
+            "input_tokens": max(1, tokens(body)),
             "cache_creation_input_tokens": 0,
             "cache_read_input_tokens": 0,
             "cache_creation": {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 0},
@@ -129,7 +133,7 @@ class PromptCache:
                 start = mark
         read = counts[read_end] if read_end >= 0 else 0
         write = written["5m"] + written["1h"]
-        total = max(total, read + write)
+        total = counts[-1] + REQUEST_TOKENS
         usage.update(
             input_tokens=total - read - write,
             cache_creation_input_tokens=write,

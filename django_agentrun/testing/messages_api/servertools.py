@@ -124,8 +124,10 @@ def check_messages(
         for e in (body.get("context_management") or {}).get("edits") or ()
     )
     last = len(parsed) - 1
+    open_uses: dict[str, str] = {}
     for i, (role, blocks) in enumerate(parsed):
-        open_uses: dict[str, str] = {}
+        if i == 0 or parsed[i - 1][0] != role:
+            open_uses = {}  # consecutive messages of a role are one (a paused turn, continued)
         for j, block in enumerate(blocks):
             kind = block["type"]
             where = f"messages.{i}.content.{j}"
@@ -166,7 +168,8 @@ def check_messages(
                     )
                 if block.get("signature") != compaction_signature(block.get("content")):
                     raise Refusal(f"{where}: Invalid `signature` in `compaction` block")
-        if open_uses and not (i == last and role == "assistant"):
+        continued = i < last and parsed[i + 1][0] == role
+        if open_uses and not continued and not (i == last and role == "assistant"):
             raise Refusal(
                 f"messages.{i}: `server_tool_use` ids were found without their result blocks "
                 f"in the same message: {', '.join(open_uses)}"
