@@ -148,9 +148,8 @@ def record(step: Step, turn: Turn, response: ModelResponse, retries: int) -> Com
     write, run = step.write(), step.run
     content = sanitize_content(response.content)
     usage = response.usage.as_dict()
-    # The nested details too (server tool requests, cache writes by TTL): priced, kept.
-    recorded = response.usage.as_recorded()
-    cost = guards.cost_of(step.config["model"], recorded)
+    billed = response.usage.as_billed()  # with cache writes by TTL and server tool use
+    cost = guards.cost_of(step.config["model"], billed)
     stop = response.stop_reason or ""
     blocks = [b for b in content if b.get("type") == "tool_use"]
     truncated_id = (
@@ -160,14 +159,15 @@ def record(step: Step, turn: Turn, response: ModelResponse, retries: int) -> Com
         and content[-1].get("type") == "tool_use"
         else None
     )
-    event = payloads.model_response(turn, response, content, recorded, cost)
+    event = payloads.model_response(turn, response, content, billed, cost)
     answer: dict[str, Any] = dict(
         message_id=response.message_id,
         request_id=response.request_id,
         model=response.model,
         stop_reason=stop,
         model_attempts=retries + 1,
-        usage_details=response.usage.details,
+        # The nested parts as returned (server tool requests, cache writes by TTL).
+        usage_details={k: v for k, v in billed.items() if k not in usage},
         **usage,
     )
     # Usage is counted here, once per recorded response.

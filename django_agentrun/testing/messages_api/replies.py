@@ -40,7 +40,14 @@ def usage(
     }
     if any(b.get("type") == "server_tool_use" for b in content):
         counts["server_tool_use"] = servertools.server_tool_usage(content)
-    counts.update(reply.usage or {})
+    scripted = reply.usage or {}
+    counts.update(scripted)
+    if "cache_creation_input_tokens" in scripted and "cache_creation" not in scripted:
+        # Scripted writes without their TTL split: 5-minute writes, as by default.
+        counts["cache_creation"] = {
+            "ephemeral_5m_input_tokens": scripted["cache_creation_input_tokens"],
+            "ephemeral_1h_input_tokens": 0,
+        }
     return counts
 
 
