@@ -9,7 +9,7 @@ from typing import Any
 
 from .conf import agentrun_settings
 from .exceptions import ConfigurationError, UnknownAgent
-from .servertools import ContextStrategy, check_server_tools, context_management
+from .servertools import ContextStrategy, check_server_tools, context_params
 from .tools import Tool
 
 logger = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ class Agent:
         prompt_caching: bool | None = None,
         server_tools: list[dict[str, Any]] | tuple[dict[str, Any], ...] = (),
         defer_loading: list[str] | tuple[str, ...] = (),
-        context: ContextStrategy | None = None,
+        context_management: ContextStrategy | None = None,
         register: bool = True,
     ) -> None:
         if not name:
@@ -81,8 +81,9 @@ class Agent:
         check_server_tools(name, server_tools, self.tools, defer_loading)
         self.server_tools = [dict(t) for t in server_tools]
         self.defer_loading = frozenset(defer_loading)
-        self.context = context
-        self.context_management = context_management(context)
+        # Compaction(...) or ClearToolUses(...) (servertools): what the API keeps of a long run.
+        self.context_management = context_management
+        self._context_params = context_params(context_management)
         if max_turns is not None and max_turns < 1:
             raise ConfigurationError(f"Agent {name}: max_turns must be at least 1")
         if repeat_window is not None and repeat_window < 1:
@@ -126,7 +127,7 @@ class Agent:
             else self.prompt_caching,
             # The cache outlives a wait for a person: 1 hour where a tool may need approval.
             "cache_ttl": "1h" if self.waits_for_approvals else "5m",
-            "context_management": self.context_management,
+            "context_management": self._context_params,
             # resume_run starts the agent's time limit over when a resumed run had passed it.
             "deadline_seconds": self.deadline.total_seconds() if self.deadline else None,
             "approval_timeout_seconds": (

@@ -68,6 +68,25 @@ SERVER_RESULT_TYPES: Mapping[str, frozenset[str]] = {
 SERVER_BLOCK_TYPES = frozenset({"server_tool_use"}).union(*SERVER_RESULT_TYPES.values())
 
 
+def server_tool_uses(content: Iterable[Mapping[str, Any]] | None) -> list[dict[str, Any]]:
+    """The server tools an answer used, each with its result block (None: not returned yet,
+    a turn paused with `pause_turn`): {"id", "name", "input", "result_type", "result"}."""
+    uses: dict[str, dict[str, Any]] = {}
+    for block in content or ():
+        if block.get("type") == "server_tool_use":
+            uses[str(block.get("id"))] = {
+                "id": block.get("id"),
+                "name": block.get("name"),
+                "input": block.get("input"),
+                "result_type": None,
+                "result": None,
+            }
+        elif block.get("type") in SERVER_BLOCK_TYPES and block.get("tool_use_id") in uses:
+            use = uses[block["tool_use_id"]]
+            use.update(result_type=block["type"], result=block.get("content"))
+    return list(uses.values())
+
+
 def server_tool(type: str, **options: Any) -> dict[str, Any]:  # noqa: A002 - the API's key
     """A server tool's definition, e.g. `server_tool("web_search_20250305", max_uses=3)`.
 
@@ -158,7 +177,7 @@ class ClearToolUses:
 ContextStrategy = Compaction | ClearToolUses
 
 
-def context_management(strategy: ContextStrategy | None) -> dict[str, Any] | None:
+def context_params(strategy: ContextStrategy | None) -> dict[str, Any] | None:
     """The request's `context_management` and the beta it needs, as a run keeps them."""
     if strategy is None:
         return None

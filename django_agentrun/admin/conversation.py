@@ -14,11 +14,13 @@ from django.utils.safestring import SafeString
 
 from ..events import EventType
 from ..models import Run, ToolCall
+from ..servertools import SERVER_BLOCK_TYPES
 from ..states import ToolCallState
 from .display import (
     change_url,
     cut,
     folded_text,
+    input_summary,
     json_text,
     pretty_json,
     printable,
@@ -78,6 +80,26 @@ def input_view(run: Run) -> list[SafeString]:
 def _block_label(block: Any) -> str:
     if not isinstance(block, dict):
         return cut(summary(block), 120)
+    kind = block.get("type")
+    if kind == "server_tool_use":  # run by the API itself: never a call of this app's
+        return cut(
+            f"[{block.get('name')}, run by the API: {input_summary(block.get('input'))}]", 160
+        )
+    if kind in SERVER_BLOCK_TYPES:
+        content = block.get("content")
+        if isinstance(content, list):
+            detail = f"{len(content)} result{'s' if len(content) != 1 else ''}"
+        elif isinstance(content, dict):
+            error = content.get("error_code")
+            code = content.get("return_code")
+            detail = (
+                f"error {error}" if error else f"return code {code}" if code is not None else ""
+            )
+        else:
+            detail = ""
+        return cut(f"[{kind}{': ' + detail if detail else ''}]", 160)
+    if kind == "compaction":
+        return cut(f"[compaction: {block.get('content') or 'failed, no summary'}]", 300)
     source = block.get("source") if isinstance(block.get("source"), dict) else {}
     detail = source.get("media_type") or source.get("url") or source.get("type") or ""
     return cut(f"[{block.get('type', 'block')}{': ' + str(detail) if detail else ''}]", 120)

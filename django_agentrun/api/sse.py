@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..servertools import SERVER_BLOCK_TYPES
+
 # The protocol's finish reason for each resting state.
 FINISH_REASONS = {
     "completed": "stop",
@@ -140,9 +142,11 @@ class UIMessageFormat:
             if block == "thinking":
                 self.parts[key] = {"id": part_id, "kind": "reasoning", "sent": "", "open": True}
                 return [*self._step(), {"type": "reasoning-start", "id": part_id}]
-            if block == "tool_use" and d.get("id"):
+            if block in ("tool_use", "server_tool_use") and d.get("id"):
                 self.parts[key] = {"id": d["id"], "kind": "tool", "sent": "", "open": True}
                 start = {"type": "tool-input-start", "toolCallId": d["id"], "toolName": d["name"]}
+                if block == "server_tool_use":
+                    start["providerExecuted"] = True  # the API runs it: never this app's call
                 return [*self._step(), start]
             return []
         if part is None:
@@ -217,6 +221,7 @@ class UIMessageFormat:
             kind = {"text": "text", "thinking": "reasoning"}.get(block.get("type"))
             if block.get("type") == "tool_use" and block.get("id") in self.held:
                 chunks.append(self.held.pop(block["id"]))
+            chunks += _server_tool_parts(block)
             if kind is None:
                 continue
             text = block.get("text" if kind == "text" else "thinking") or ""
@@ -239,6 +244,32 @@ class UIMessageFormat:
         chunks = self._end_step()
         chunks.append({"type": "finish", "finishReason": FINISH_REASONS.get(run_state, "other")})
         return [frame(c) for c in chunks] + ["data: [DONE]\n\n"]
+
+
+def _server_tool_parts(block: dict[str, Any]) -> list[dict[str, Any]]:
+    """A server tool's blocks as the AI SDK's provider-executed tool parts: the API ran
+    it, so its input and its result both come with the answer."""
+    kind = block.get("type")
+    if kind == "server_tool_use":
+        return [
+            {
+                "type": "tool-input-available",
+                "toolCallId": block.get("id"),
+                "toolName": block.get("name", ""),
+                "input": block.get("input") or {},
+                "providerExecuted": True,
+            }
+        ]
+    if kind in SERVER_BLOCK_TYPES:
+        return [
+            {
+                "type": "tool-output-available",
+                "toolCallId": block.get("tool_use_id"),
+                "output": block.get("content"),
+                "providerExecuted": True,
+            }
+        ]
+    return []
 
 
 FORMATS = {f.name: f for f in (EventsFormat, UIMessageFormat)}

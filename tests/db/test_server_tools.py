@@ -155,7 +155,7 @@ def test_compaction_pauses_the_run_goes_on_and_the_block_is_sent_back(api, clien
         "compacting",
         system="You summarize long material. " * 100,
         tools=[lookup],
-        context=Compaction(trigger_tokens=1500, pause_after=True),
+        context_management=Compaction(trigger_tokens=1500, pause_after=True),
     )
     api.script = by_step([Reply("never: compacted first"), Reply("Otters, in short.")])
     run = start_run("compacting", "otters " * 1000)
@@ -187,7 +187,7 @@ def test_context_editing_is_sent_with_its_beta(api, client, agent):
     agent(
         "editing",
         tools=[lookup],
-        context=ClearToolUses(trigger_tokens=30000, keep=3, exclude_tools=("lookup",)),
+        context_management=ClearToolUses(trigger_tokens=30000, keep=3, exclude_tools=("lookup",)),
     )
     api.script = by_step([Reply("Done.")])
     run = start_run("editing", "hi")
@@ -246,8 +246,11 @@ def test_deferred_tools_with_tool_search(api, client, agent):
         ),
         ({"defer_loading": ["lookup"]}, "needs a tool search server tool"),
         ({"defer_loading": ["nope"]}, "names tools it does not have"),
-        ({"context": "compact"}, "must be Compaction(...) or ClearToolUses(...)"),
-        ({"context": Compaction(trigger_tokens=0)}, "trigger_tokens must be a positive int"),
+        ({"context_management": "compact"}, "must be Compaction(...) or ClearToolUses(...)"),
+        (
+            {"context_management": Compaction(trigger_tokens=0)},
+            "trigger_tokens must be a positive int",
+        ),
     ],
 )
 def test_agent_configuration_is_refused_clearly(options, message):
@@ -266,3 +269,39 @@ def test_server_tool_takes_the_sdks_types_names_and_options():
     with pytest.raises(ConfigurationError, match="Unknown server tool type 'web_search'"):
         server_tool("web_search")
     assert Run  # imported for the projection check's fixture
+
+
+@pytest.mark.django_db
+def test_the_api_and_the_admin_show_the_server_tools(api, client, test_log):
+    from django.contrib.auth.models import User
+    from django.test import Client
+    from django.urls import reverse
+    from rest_framework.test import APIClient
+
+    api.script = by_step([Reply([*SEARCH, text("Otters hold hands.")])])
+    root = User.objects.create_superuser("root", password="pw")
+    run = start_run("researcher", "What do otters do?", owner=root)
+    drive(run, client)
+    rest = APIClient()
+    rest.force_authenticate(root)
+    turn = rest.get(reverse("agentrun:run-detail", args=[run.pk])).json()["turns"][0]
+    assert turn["tool_calls"] == []
+    assert turn["server_tools"] == [
+        {
+            "id": turn["content"][0]["id"],
+            "name": "web_search",
+            "input": {"query": "sea otters"},
+            "result_type": "web_search_tool_result",
+            "result": turn["content"][1]["content"],
+        }
+    ]
+    assert turn["usage"]["server_tool_use"] == {"web_search_requests": 1, "web_fetch_requests": 0}
+    assert set(turn["usage"]["cache_creation"]) == {
+        "ephemeral_5m_input_tokens",
+        "ephemeral_1h_input_tokens",
+    }
+    browser = Client()
+    browser.force_login(root)
+    page = browser.get(reverse("admin:agentrun_run_change", args=[run.pk])).content.decode()
+    assert "[web_search, run by the API:" in page
+    assert "[web_search_tool_result: 1 result]" in page

@@ -197,6 +197,43 @@ def test_stream__ai_sdk_chunks_of_a_run_with_a_tool(alice):
     assert chunks[-1] == {"type": "finish", "finishReason": "stop"}
 
 
+def test_stream__server_tools_are_provider_executed_tool_parts(alice):
+    """A tool the API ran itself: its input and its output come with the answer, marked
+    providerExecuted (the AI SDK shows them, and sends nothing back for them)."""
+    search = {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search"}
+    found = [{"type": "web_search_result", "url": "https://o.example", "title": "Otters"}]
+    model = ScriptedClient(
+        [
+            reply(
+                {**search, "input": {"query": "otters"}},
+                {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": found},
+                text("Otters hold hands."),
+            )
+        ]
+    )
+    run = start_run("researcher", "otters?", owner=alice)
+    drive(run, model)
+    _, body = stream(url(run, format="ai-sdk"), user=alice)
+    chunks = [f.json for f in frames(body) if f.data != "[DONE]"]
+    tools = [c for c in chunks if c["type"].startswith("tool-")]
+    assert tools == [
+        {
+            "type": "tool-input-available",
+            "toolCallId": "srvtoolu_1",
+            "toolName": "web_search",
+            "input": {"query": "otters"},
+            "providerExecuted": True,
+        },
+        {
+            "type": "tool-output-available",
+            "toolCallId": "srvtoolu_1",
+            "output": found,
+            "providerExecuted": True,
+        },
+    ]
+    assert [c["delta"] for c in chunks if c["type"] == "text-delta"] == ["Otters hold hands."]
+
+
 def test_stream__ai_sdk_approval_request_carries_the_calls_api_id(alice):
     run, call, _ = factories.parked(alice)
     _, body = stream(url(run, format="ai-sdk"), user=alice)

@@ -64,7 +64,7 @@ def test_the_standin_knows_the_sdks_server_tools():
 
 
 def test_paired_server_tool_blocks_are_accepted_and_sent_back():
-    validate_request(
+    assert None is validate_request(
         body(conversation([*PAIR, text("Found.")], {"role": "user", "content": "More?"}))
     )
 
@@ -97,7 +97,7 @@ def test_a_result_before_its_use_or_of_another_kind_is_refused():
 
 def test_the_last_assistant_message_may_hold_an_open_server_tool_use():
     """A turn paused with pause_turn is continued: its content comes back as the last message."""
-    validate_request(body(conversation([PAIR[0]])))
+    assert None is validate_request(body(conversation([PAIR[0]])))
 
 
 def test_a_server_tool_not_declared_in_the_request_is_refused():

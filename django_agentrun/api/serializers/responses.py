@@ -18,6 +18,7 @@ from ... import services
 from ...events import public_payload
 from ...models import Run, RunEvent, ToolCall, Turn
 from ...permissions import can_decide
+from ...servertools import server_tool_uses
 from ...states import RunState, ToolCallState, TurnState
 from .fields import StateField
 
@@ -140,10 +141,33 @@ class PendingDecisionSerializer(serializers.ModelSerializer):
         return services.approval_token(call)
 
 
+class TurnUsageSerializer(UsageSerializer):
+    """A turn's usage with the nested parts the API returned (absent: none returned)."""
+
+    cache_creation = serializers.SerializerMethodField(
+        help_text="Cache writes by TTL: ephemeral_5m_input_tokens, ephemeral_1h_input_tokens."
+    )
+    server_tool_use = serializers.SerializerMethodField(
+        help_text="Requests of the server tools: web_search_requests, web_fetch_requests."
+    )
+
+    @extend_schema_field(OpenApiTypes.OBJECT)
+    def get_cache_creation(self, turn: Turn) -> dict[str, int] | None:
+        return (turn.usage_details or {}).get("cache_creation")
+
+    @extend_schema_field(OpenApiTypes.OBJECT)
+    def get_server_tool_use(self, turn: Turn) -> dict[str, int] | None:
+        return (turn.usage_details or {}).get("server_tool_use")
+
+
 class TurnSerializer(serializers.ModelSerializer):
     state = StateField(TurnState)
-    usage = UsageSerializer(source="*", read_only=True)
+    usage = TurnUsageSerializer(source="*", read_only=True)
     tool_calls = ToolCallSerializer(many=True, read_only=True)
+    server_tools = serializers.SerializerMethodField(
+        help_text="The tools the API ran itself in this turn (web search, code execution...), "
+        "each with its result as returned; they are in `content` too, and never tool calls."
+    )
 
     class Meta:
         model = Turn
@@ -158,8 +182,13 @@ class TurnSerializer(serializers.ModelSerializer):
             "started_at",
             "finished_at",
             "tool_calls",
+            "server_tools",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(OpenApiTypes.OBJECT)
+    def get_server_tools(self, turn: Turn) -> list[dict[str, Any]]:
+        return server_tool_uses(turn.content)
 
 
 class RunSerializer(serializers.ModelSerializer):
