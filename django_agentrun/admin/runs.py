@@ -15,7 +15,7 @@ from django.utils.translation import gettext_lazy as _
 from django.views.decorators.http import require_POST
 
 from .. import services
-from ..events import redact_secrets
+from ..events import redact_secrets, shown_content
 from ..exceptions import AgentRunError
 from ..models import Run, RunEvent, ToolCall, Turn
 from ..permissions import can_act_on_run
@@ -156,7 +156,7 @@ class RunAdmin(VisibleRunsMixin, ForkViewsMixin, ValueViewMixin, RunActionsMixin
 
     def value(self, obj: Run, name: str) -> Any:
         if name.startswith("turn-"):
-            return obj.turns.get(index=int(name.removeprefix("turn-"))).content
+            return shown_content(obj.turns.get(index=int(name.removeprefix("turn-"))).content)
         return super().value(obj, name)
 
     # ----------------------------------------------------------------- columns

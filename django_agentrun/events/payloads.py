@@ -99,6 +99,11 @@ def run_completed(run: Any, stop_reason: str, output: Any, usage: dict[str, int]
         "stop_reason": stop_reason,
         "output": {"text": output.get("text", "")} if isinstance(output, dict) else output,
         "usage": usage,
+        **(
+            {"refusal": output["refusal"]}
+            if isinstance(output, dict) and "refusal" in output
+            else {}
+        ),
     }
 
 
