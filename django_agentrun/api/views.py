@@ -183,12 +183,11 @@ class RunViewSet(
             )
         except UnknownAgent as exc:
             raise ValidationError({"agent": [str(exc)]}) from exc
-        except InvalidOption as exc:  # option_refused (a model's refusal) keeps its code
-            raise (
-                exc if isinstance(exc, OptionRefused) else ValidationError({"options": [str(exc)]})
-            )
+        except OptionRefused:
+            raise  # option_refused: a 400 naming the option and the model
         except InvalidInput as exc:
-            raise ValidationError({"input": [str(exc)]}) from exc
+            field = "options" if isinstance(exc, InvalidOption) else "input"
+            raise ValidationError({field: [str(exc)]}) from exc
         return self._detail(run, status.HTTP_200_OK if existed else status.HTTP_201_CREATED)
 
     @operation(
