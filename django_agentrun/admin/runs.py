@@ -42,7 +42,7 @@ MAX_TIMELINE_EVENTS = 500
 MAX_CONVERSATION_TURNS = 50
 RUN_VALUES = {
     "input": lambda run: run.input,
-    "output": lambda run: run.output,
+    "output": lambda run: redact_secrets(run.output),
     "metadata": lambda run: run.metadata,
     "config": lambda run: run.config,
 }
@@ -179,7 +179,7 @@ class RunAdmin(VisibleRunsMixin, ForkViewsMixin, ValueViewMixin, RunActionsMixin
 
     @admin.display(description=_("output"))
     def output_display(self, obj: Run) -> SafeString:
-        return pretty_json(obj.output, FIELD_FOLD_CHARS, value_url(obj, "output"))
+        return pretty_json(redact_secrets(obj.output), FIELD_FOLD_CHARS, value_url(obj, "output"))
 
     @admin.display(description=_("configuration snapshot"))
     def config_display(self, obj: Run) -> SafeString:

@@ -47,6 +47,8 @@ def run_created(run: Any, owner: Any) -> Event:
         "owner": user_id(owner),
         "deadline": _iso(run.deadline),
     }
+    if run.context:
+        payload["context"] = run.context  # start_run(context=...) or the agent's hook
     if run.conversation_id is not None:
         payload.update(
             conversation=str(run.conversation_id),

@@ -99,6 +99,9 @@ _UNLISTED: Spec = _keys()
 # Keys whose values are secrets wherever they are nested (approval tokens).
 SECRET_KEYS = frozenset({"token"})
 REDACTED = "[redacted]"
+# Encrypted reasoning (a redacted_thinking block's data) and a thinking block's signature:
+# never shown, not even to staff.
+_REASONING_SECRETS = frozenset({("data", "redacted_thinking"), ("signature", "thinking")})
 
 
 def public_payload(type: str, payload: Any) -> dict[str, Any]:
@@ -146,16 +149,17 @@ def _pick(spec: Spec, payload: Any) -> dict[str, Any]:
 
 
 def redact_secrets(value: Any) -> Any:
-    """A copy of `value` with every `SECRET_KEYS` value, however deeply nested, replaced by
-    `REDACTED`. Iterative: a stored payload may nest deeper than Python's recursion limit."""
+    """A copy of `value` with every `SECRET_KEYS` value (and a redacted_thinking block's
+    data, a thinking block's signature), however deeply nested, replaced by `REDACTED`. Iterative: a stored payload may nest deeper than Python's recursion limit."""
     root: list[Any] = [None]
     stack: list[tuple[Any, Any, Any]] = [(value, root, 0)]
     while stack:
         source, target, slot = stack.pop()
         if isinstance(source, Mapping):
             copy: dict[Any, Any] = {}
+            kind = source.get("type")
             for key, item in source.items():
-                if key in SECRET_KEYS:
+                if key in SECRET_KEYS or (key, kind) in _REASONING_SECRETS:
                     copy[key] = REDACTED
                 else:
                     copy[key] = None  # keeps the key order; filled in below
