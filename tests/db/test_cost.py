@@ -162,3 +162,27 @@ def test_cost__budget_precheck_uses_the_same_prices(agentrun_messages_api):
     assert run.cost_usd == Decimal("0.042000")
     assert run.state == "failed" and "max_cost_usd" in run.error_message
     assert agentrun_messages_api.steps() == {0: 1}
+
+
+def test_cost__a_fork_keeps_the_cost_its_turns_recorded(agentrun_messages_api, admin_user):
+    from django_agentrun import fork_run
+
+    model = "claude-opus-5-5"
+    Agent(name="costly", model=model, tools=[look_up], max_tokens=2048)
+    try:
+        agentrun_messages_api.script = by_step(
+            [
+                Reply([tool_use("look_up", {"query": "a"})], usage=USAGES[0]),
+                Reply([tool_use("look_up", {"query": "b"})], usage=USAGES[1]),
+                Reply([text("Done.")], usage=USAGES[2]),
+            ]
+        )
+        run = drive(start_run("costly", "Find a and b.", owner=admin_user))
+        fork = fork_run(run, at_turn=2, by=admin_user)
+    finally:
+        unregister_agent("costly")
+    # Priced again from the turns' four counters, the 1-hour writes and the searches of
+    # the first turn would be lost: the fork keeps what each turn recorded.
+    assert fork.cost_usd == implied(model, USAGES[0]) + implied(model, USAGES[1])
+    first = RunEvent.objects.filter(run=fork, type="model_response").order_by("seq").first()
+    assert first.payload["usage"]["server_tool_use"] == USAGES[0]["server_tool_use"]
