@@ -157,7 +157,8 @@ def record(step: Step, turn: Turn, response: ModelResponse, retries: int) -> Com
     write, run = step.write(), step.run
     content = sanitize_content(response.content)
     usage = response.usage.as_dict()
-    cost = guards.cost_of(step.config["model"], usage)
+    billed = response.usage.as_billed()  # with cache writes by TTL and server tool use
+    cost = guards.cost_of(step.config["model"], billed)
     stop = response.stop_reason or ""
     blocks = [b for b in content if b.get("type") == "tool_use"]
     truncated_id = (
@@ -167,7 +168,7 @@ def record(step: Step, turn: Turn, response: ModelResponse, retries: int) -> Com
         and content[-1].get("type") == "tool_use"
         else None
     )
-    event = payloads.model_response(turn, response, content, usage, cost)
+    event = payloads.model_response(turn, response, content, billed, cost)
     if response.stop_details:
         event[1]["stop_details"] = response.stop_details
     if response.thinking_tokens:
