@@ -257,12 +257,16 @@ def request_options(options: Mapping[str, Any], *, tool_names: list[str]) -> dic
 
 
 def agent_request_params(agent_or_config: Agent | Mapping[str, Any]) -> dict[str, Any]:
-    """The options part of the request an agent (or a run's config snapshot) sends: what
-    `catalog.refusals(model, params)` checks (tools included: their types)."""
+    """The Messages API params a run of an agent (or of a run's config snapshot) sends
+    beside its messages: model, max_tokens, system, tools and the options, what
+    `catalog.refusals(model, params)` checks (at manage.py check and at start_run)."""
     config = agent_or_config.snapshot() if isinstance(agent_or_config, Agent) else agent_or_config
-    params = {k: v for k, v in (config.get("options") or {}).items()}
+    params: dict[str, Any] = {"model": config["model"], "max_tokens": config["max_tokens"]}
+    if config.get("system"):
+        params["system"] = config["system"]
     if config.get("tools"):
         params["tools"] = list(config["tools"])
+    params.update(config.get("options") or {})
     return params
 
 

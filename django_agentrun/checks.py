@@ -324,28 +324,6 @@ def check_agents(app_configs: Any = None, **kwargs: Any) -> list:
     return found
 
 
-@checks.register()
-def check_agent_options(app_configs: Any = None, **kwargs: Any) -> list:
-    """An option an agent sets that its model refuses fails here, not as a 400 on a turn."""
-    from . import catalog
-    from .agents import agent_request_params, registered_agents
-
-    found = []
-    for agent in registered_agents().values():
-        config = agent.snapshot()
-        for refusal in catalog.refusals(config["model"], agent_request_params(config)):
-            found.append(
-                checks.Error(
-                    f"Agent {agent.name!r}: {refusal}.",
-                    hint="Remove the option from the Agent, or choose a model that accepts it "
-                    "(README: Request options).",
-                    obj=agent.name,
-                    id="agentrun.E020",
-                )
-            )
-    return found
-
-
 # SQLite added UPDATE ... RETURNING, which every engine write relies on, in 3.35.
 SQLITE_RETURNING = (3, 35)
 

@@ -13,7 +13,7 @@ from django.urls import reverse
 
 from django_agentrun import send_message, start_conversation, start_run
 from django_agentrun.agents import Agent, get_agent, owner_user_id, unregister_agent
-from django_agentrun.checks import check_agent_options
+from django_agentrun.checks import check_agents
 from django_agentrun.clients.anthropic import AnthropicModelClient
 from django_agentrun.engine import advance
 from django_agentrun.engine.history import CONTINUE_NOTICE
@@ -29,7 +29,7 @@ from tests.factories import ELSEWHERE, by_message, expire
 pytestmark = pytest.mark.django_db
 
 CURRENT = "claude-sonnet-5-5"  # a current model: adaptive thinking, effort, format
-LEGACY = "claude-sonnet-4-5"  # no effort, no structured output
+LEGACY = "claude-sonnet-4-5"  # no effort, no adaptive thinking
 
 
 class Answer(pydantic.BaseModel):
@@ -160,15 +160,16 @@ def test_run_options__bad_values_rejected_at_start_run(agents):
 
 def test_refused_option__fails_at_check_and_at_start_run_naming_option_and_model(agents):
     agents("old-effort", model=LEGACY, effort="high")
-    found = [e for e in check_agent_options() if e.obj == "old-effort"]
-    assert [e.id for e in found] == ["agentrun.E020"]
+    found = [e for e in check_agents() if "old-effort" in e.msg]
+    assert [e.id for e in found] == ["agentrun.E021"]
     assert LEGACY in found[0].msg and "effort" in found[0].msg
     with pytest.raises(OptionRefused) as caught:
         start_run("old-effort", "hi")
     assert LEGACY in str(caught.value) and "effort" in str(caught.value)
     # A run's own override is checked the same way.
     agents("new-model")
-    assert check_agent_options() == [] or all(e.obj != "new-model" for e in check_agent_options())
+    with pytest.raises(OptionRefused, match=f"{LEGACY}.*thinking.type 'adaptive'"):
+        start_run("old-effort", "hi", options={"thinking": "adaptive", "effort": None})
     unregister_agent("old-effort")
     agents("forced", tools=[lookup()], tool_choice="any")
     with pytest.raises(OptionRefused, match=f"{CURRENT}.*tool_choice"):
@@ -176,8 +177,8 @@ def test_refused_option__fails_at_check_and_at_start_run_naming_option_and_model
 
 
 def test_refused_option__manage_py_check_fails(agents):
-    agents("old-format", model=LEGACY, output_format=Answer)
-    with pytest.raises(Exception, match="agentrun.E020"):
+    agents("old-thinking", model=LEGACY, thinking="adaptive")
+    with pytest.raises(Exception, match="agentrun.E021"):
         call_command("check", fail_level="ERROR")
 
 
