@@ -11,7 +11,7 @@ from django.core import checks
 from django.db import connections
 from django.utils.module_loading import import_string
 
-from . import catalog
+from . import model_checks
 from .conf import agentrun_settings
 
 REAP_TASK = "django_agentrun.reap"
@@ -311,85 +311,16 @@ def check_api(app_configs: Any = None, **kwargs: Any) -> list:
     return found
 
 
-def _request_params(agent: Any) -> dict[str, Any]:
-    """The Messages API params a run of `agent` sends (agents.agent_request_params where
-    the app has it; else the options every agent has: model, max_tokens, system, tools)."""
-    from . import agents
-
-    build = getattr(agents, "agent_request_params", None)
-    if build is not None:
-        return dict(build(agent))
-    snapshot = agent.snapshot()
-    return {
-        "model": snapshot["model"],
-        "max_tokens": snapshot["max_tokens"],
-        "system": snapshot["system"],
-        "tools": snapshot["tools"],
-    }
-
-
 @checks.register()
 def check_agents(app_configs: Any = None, **kwargs: Any) -> list:
+    """The model table's overrides, and each agent's model and options against it."""
     from .agents import registered_agents
 
-    found = []
-    errors = catalog.catalog_errors()
-    for message in errors:
-        found.append(
-            checks.Error(
-                message,
-                hint="AGENTRUN_MODELS = {model id: {field: value}} merges over the shipped "
-                "entry; a new id names every field or 'like' a shipped model (README, Models).",
-                id="agentrun.E020",
-            )
-        )
-    if agentrun_settings.PRICES:
-        found.append(
-            checks.Warning(
-                "AGENTRUN_PRICES is deprecated: its prices are read as AGENTRUN_MODELS "
-                "entries, its cache_write as the 5-minute cache-write price.",
-                hint="Move each entry to AGENTRUN_MODELS = {model: {'prices': {'input': ..., "
-                "'output': ..., 'cache_write_5m': ..., 'cache_write_1h': ..., "
-                "'cache_read': ...}}}.",
-                id="agentrun.W021",
-            )
-        )
-    if errors:
+    found = model_checks.table_messages()
+    if any(m.level >= checks.ERROR for m in found):
         return found  # the table itself is wrong: nothing below can be judged
     for agent in registered_agents().values():
-        params = _request_params(agent)
-        model = params.get("model") or agentrun_settings.DEFAULT_MODEL
-        info = catalog.model_info(model)
-        if info is None:
-            found.append(
-                checks.Warning(
-                    f"Agent {agent.name!r} uses model {model!r}, which the model table does "
-                    "not know: its options are not checked and its runs cost nothing in "
-                    "budgets.",
-                    hint="Check the spelling (manage.py agentrun_models lists the table), or "
-                    "add it: AGENTRUN_MODELS = {model: {'like': 'claude-sonnet-5-5', ...}}.",
-                    id="agentrun.W020",
-                )
-            )
-            if agent.budget.max_cost_usd is not None:
-                found.append(
-                    checks.Error(
-                        f"Agent {agent.name!r} has a cost budget but model {model!r} has no price.",
-                        hint="Add it to AGENTRUN_MODELS = {model: {'like': ..., 'prices': "
-                        "{'input': ..., 'output': ..., ...}}} (USD per million tokens).",
-                        id="agentrun.E004",
-                    )
-                )
-            continue
-        for refusal in catalog.refusals(model, params):
-            found.append(
-                checks.Error(
-                    f"Agent {agent.name!r}: {refusal}; its runs would fail with a 400.",
-                    hint="Change the option or the model (manage.py agentrun_models shows "
-                    "what each model accepts), or correct the table with AGENTRUN_MODELS.",
-                    id="agentrun.E021",
-                )
-            )
+        found.extend(model_checks.agent_messages(agent))
     return found
 
 

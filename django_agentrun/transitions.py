@@ -295,12 +295,19 @@ def hand_off(write: Write, run: Run) -> None:
     wake(write, run.pk)
 
 
-def complete_run(write: Write, run: Run, stop_reason: str, output: dict[str, Any]) -> None:
+def complete_run(
+    write: Write, run: Run, stop_reason: str, output: dict[str, Any], parsed_output: Any = None
+) -> None:
     _move_run(write, run, RunState.COMPLETED)
     totals = {k: getattr(run, k) + write.counters.get(k, 0) for k in run.usage()}
-    write.record(payloads.run_completed(run, stop_reason, output, totals))
+    event = payloads.run_completed(run, stop_reason, output, totals)
+    if parsed_output is not None:
+        event[1]["parsed_output"] = parsed_output
+    write.record(event)
     release(write)
     write.set_run(output=output, stop_reason=stop_reason, finished_at=timezone.now())
+    if parsed_output is not None:
+        write.set_run(parsed_output=parsed_output)
     _ended(write, run)
 
 

@@ -16,13 +16,11 @@ from anthropic.types import TextBlockParam, TextCitationParam, ToolUseBlockParam
 
 from ..abort import AbortSignal
 from ..conf import agentrun_settings
+from . import caching
 from .base import ModelError, ModelRequest, ModelResponse, StreamAborted, Usage, emit
 
 __all__ = ["AnthropicModelClient"]
 
-_EPHEMERAL = {"type": "ephemeral"}
-# The API refuses a request with more cache_control breakpoints than this.
-MAX_CACHE_BREAKPOINTS = 4
 
 # Status to assume for an `event: error` sent mid-stream (the HTTP status there is 200).
 _STREAM_ERROR_STATUS = {
@@ -132,6 +130,11 @@ class AnthropicModelClient:
         if client is not None:
             client.close()
 
+    def list_models(self) -> list[dict[str, Any]]:
+        """Every model the Models API lists for this key (GET /v1/models, all pages), as the
+        SDK's ModelInfo in JSON form (capabilities included)."""
+        return [info.model_dump(mode="json") for info in self.client.models.list(limit=1000)]
+
     # -- the ModelClient protocol ------------------------------------------------------------
 
     def create(self, request: ModelRequest, *, abort: AbortSignal) -> ModelResponse:
@@ -173,6 +176,8 @@ class AnthropicModelClient:
             model=message.model or request.model,
             usage=Usage.from_mapping(message.usage),
             request_id=request_id,
+            stop_details=_stop_details(message),
+            thinking_tokens=_thinking_tokens(message.usage),
         )
 
     # -- helpers ---------------------------------------------------------------------------
@@ -210,13 +215,8 @@ class AnthropicModelClient:
     def build_params(request: ModelRequest) -> dict[str, Any]:
         """The SDK keyword arguments for `request`, empty parts left out.
 
-        With `cache_prefix` the cache follows the conversation: automatic caching (the
-        top-level `cache_control`: the API puts the breakpoint on the last cacheable block,
-        so it moves forward each turn), and a breakpoint on the last tool and the last
-        system block (tools render before system: the stable prefix stays cached when the
-        conversation changes), all with the request's TTL, never more breakpoints than the
-        API's limit of 4 counting those in the messages. Blocks are copied: the request
-        is never mutated.
+        With `cache_prefix` the cache follows the conversation (`caching.place`). Blocks
+        are copied: the request is never mutated.
         """
         system = request.system
         if isinstance(system, str):  # tolerate a bare string system prompt
@@ -229,16 +229,7 @@ class AnthropicModelClient:
             "messages": request.messages,
         }
         if request.cache_prefix:
-            marker = dict(_EPHEMERAL)
-            if request.cache_ttl == "1h":
-                marker["ttl"] = "1h"
-            free = MAX_CACHE_BREAKPOINTS - _breakpoints(request.messages)
-            if free >= 1:
-                params["cache_control"] = dict(marker)
-            if tools and free >= 2:
-                tools[-1]["cache_control"] = dict(marker)
-            if system and free >= 2 + bool(tools):
-                system[-1]["cache_control"] = dict(marker)
+            caching.place(params, tools, system, request.messages, request.cache_ttl)
         if request.context_management:
             params["context_management"] = {"edits": request.context_management["edits"]}
             params["betas"] = [request.context_management["beta"]]
@@ -250,6 +241,8 @@ class AnthropicModelClient:
             "metadata": dict(request.metadata),
         }
         params.update({key: value for key, value in optional.items() if value})
+        for key, value in request.options.items():
+            params.setdefault(key, value)  # what the engine set for this request wins
         return params
 
     def _model_error(self, exc: Exception, stream: Any) -> Exception:
@@ -303,14 +296,14 @@ class AnthropicModelClient:
         return message
 
 
-def _breakpoints(value: Any) -> int:
-    """The cache_control breakpoints in messages (blocks, and blocks in tool results)."""
-    if isinstance(value, list):
-        return sum(_breakpoints(item) for item in value)
-    if isinstance(value, dict):
-        own = 1 if value.get("cache_control") else 0
-        return own + _breakpoints(value.get("content"))
-    return 0
+def _stop_details(message: Any) -> dict[str, Any] | None:
+    details = getattr(message, "stop_details", None)
+    return details.model_dump(mode="json") if details is not None else None
+
+
+def _thinking_tokens(usage: Any) -> int:
+    details = getattr(usage, "output_tokens_details", None)
+    return int(getattr(details, "thinking_tokens", 0) or 0)
 
 
 def _delta(event: Any) -> dict[str, Any] | None:

@@ -47,6 +47,8 @@ def run_created(run: Any, owner: Any) -> Event:
         "owner": user_id(owner),
         "deadline": _iso(run.deadline),
     }
+    if run.context:
+        payload["context"] = run.context  # start_run(context=...) or the agent's hook
     if run.conversation_id is not None:
         payload.update(
             conversation=str(run.conversation_id),
@@ -99,6 +101,11 @@ def run_completed(run: Any, stop_reason: str, output: Any, usage: dict[str, int]
         "stop_reason": stop_reason,
         "output": {"text": output.get("text", "")} if isinstance(output, dict) else output,
         "usage": usage,
+        **(
+            {"refusal": output["refusal"]}
+            if isinstance(output, dict) and "refusal" in output
+            else {}
+        ),
     }
 
 

@@ -9,55 +9,119 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('agentrun', '0006_lean_indexes'),
+        ("agentrun", "0006_lean_indexes"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='run',
-            name='context',
-            field=models.TextField(blank=True, help_text="Per-message context (a date, a user's mode), sent as a text block after the input in the same user message, never in the system prompt."),
+            model_name="run",
+            name="context",
+            field=models.TextField(
+                blank=True,
+                help_text="Per-message context (a date, a user's mode), sent as a text block after the input in the same user message, never in the system prompt.",
+            ),
         ),
         migrations.AddField(
-            model_name='run',
-            name='conversation_position',
-            field=models.PositiveIntegerField(blank=True, help_text="The run's place in its conversation (0 first).", null=True),
+            model_name="run",
+            name="conversation_position",
+            field=models.PositiveIntegerField(
+                blank=True, help_text="The run's place in its conversation (0 first).", null=True
+            ),
         ),
         migrations.AddField(
-            model_name='run',
-            name='rolled_back',
-            field=models.BooleanField(default=False, help_text="A later message of its conversation rolled it back: its turns are left out of the conversation's history (what it did stays in its events)."),
+            model_name="run",
+            name="rolled_back",
+            field=models.BooleanField(
+                default=False,
+                help_text="A later message of its conversation rolled it back: its turns are left out of the conversation's history (what it did stays in its events).",
+            ),
         ),
         migrations.CreateModel(
-            name='Conversation',
+            name="Conversation",
             fields=[
-                ('id', models.UUIDField(default=uuid.uuid4, editable=False, primary_key=True, serialize=False)),
-                ('agent', models.CharField(db_index=True, max_length=200)),
-                ('config', models.JSONField(decoder=django_agentrun.fields.StorableJSONDecoder, default=dict, encoder=django_agentrun.fields.StorableJSONEncoder, help_text="Snapshot of the agent's configuration when the conversation was created: every run of it uses this one (its system prompt and tools never change).")),
-                ('policy', models.CharField(choices=[('reject', 'Reject'), ('enqueue', 'Enqueue'), ('interrupt', 'Interrupt'), ('rollback', 'Roll back')], default='enqueue', help_text='What becomes of a message sent while a run is active, unless the message says otherwise.', max_length=9)),
-                ('metadata', models.JSONField(blank=True, decoder=django_agentrun.fields.StorableJSONDecoder, default=dict, encoder=django_agentrun.fields.StorableJSONEncoder)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now, editable=False)),
-                ('updated_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('owner', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='agent_conversations', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.UUIDField(
+                        default=uuid.uuid4, editable=False, primary_key=True, serialize=False
+                    ),
+                ),
+                ("agent", models.CharField(db_index=True, max_length=200)),
+                (
+                    "config",
+                    models.JSONField(
+                        decoder=django_agentrun.fields.StorableJSONDecoder,
+                        default=dict,
+                        encoder=django_agentrun.fields.StorableJSONEncoder,
+                        help_text="Snapshot of the agent's configuration when the conversation was created: every run of it uses this one (its system prompt and tools never change).",
+                    ),
+                ),
+                (
+                    "policy",
+                    models.CharField(
+                        choices=[
+                            ("reject", "Reject"),
+                            ("enqueue", "Enqueue"),
+                            ("interrupt", "Interrupt"),
+                            ("rollback", "Roll back"),
+                        ],
+                        default="enqueue",
+                        help_text="What becomes of a message sent while a run is active, unless the message says otherwise.",
+                        max_length=9,
+                    ),
+                ),
+                (
+                    "metadata",
+                    models.JSONField(
+                        blank=True,
+                        decoder=django_agentrun.fields.StorableJSONDecoder,
+                        default=dict,
+                        encoder=django_agentrun.fields.StorableJSONEncoder,
+                    ),
+                ),
+                (
+                    "created_at",
+                    models.DateTimeField(default=django.utils.timezone.now, editable=False),
+                ),
+                ("updated_at", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "owner",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="agent_conversations",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at'],
+                "ordering": ["-created_at"],
             },
         ),
         migrations.AddField(
-            model_name='run',
-            name='conversation',
-            field=models.ForeignKey(blank=True, db_index=False, help_text='The conversation this run answers a message of.', null=True, on_delete=django.db.models.deletion.CASCADE, related_name='runs', to='agentrun.conversation'),
+            model_name="run",
+            name="conversation",
+            field=models.ForeignKey(
+                blank=True,
+                db_index=False,
+                help_text="The conversation this run answers a message of.",
+                null=True,
+                on_delete=django.db.models.deletion.CASCADE,
+                related_name="runs",
+                to="agentrun.conversation",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='run',
-            constraint=models.UniqueConstraint(fields=('conversation', 'conversation_position'), name='agentrun_run_conversation_position'),
+            model_name="run",
+            constraint=models.UniqueConstraint(
+                fields=("conversation", "conversation_position"),
+                name="agentrun_run_conversation_position",
+            ),
         ),
         migrations.AddIndex(
-            model_name='conversation',
-            index=models.Index(fields=['owner', '-created_at'], name='agentrun_conv_owner_idx'),
+            model_name="conversation",
+            index=models.Index(fields=["owner", "-created_at"], name="agentrun_conv_owner_idx"),
         ),
     ]

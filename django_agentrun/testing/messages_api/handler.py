@@ -14,7 +14,7 @@ from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
-from . import replies, servertools
+from . import formats, model_list, replies, servertools
 from .cache import PromptCache, tokens
 from .recorder import Recorder
 from .script import Reply, Script, ScriptExhausted, as_reply, new_id
@@ -182,8 +182,24 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 - stdlib naming
         self._request_id = new_id("req_")
         self._rec = self._record(None)
+        path, _, query = self.path.partition("?")
         try:
-            self._send_error(APIRequestError(404, f"Not found: {self.path}"))
+            if path == "/v1/models" or path.startswith("/v1/models/"):
+                # The Models API, from the shipped model table.
+                self._check_headers()
+                model_id = path[len("/v1/models/") :] if path != "/v1/models" else ""
+                try:
+                    payload = model_list.retrieve(model_id) if model_id else model_list.page(query)
+                except model_list.NotFound as exc:
+                    raise APIRequestError(404, str(exc), "not_found_error") from None
+                except model_list.Invalid as exc:
+                    raise invalid(str(exc)) from None
+                self._rec["status"] = 200
+                self._send_json(200, payload)
+            else:
+                self._send_error(APIRequestError(404, f"Not found: {self.path}"))
+        except APIRequestError as exc:
+            self._send_error(exc)
         finally:
             self._answered(self._rec)
 
@@ -223,6 +239,7 @@ class Handler(BaseHTTPRequestHandler):
             reply = as_reply(api.script, body) if api.script is not None else None
             if reply is None:
                 raise ScriptExhausted("fake API has no script")
+            _check_format(body, reply)
         except Exception as exc:  # noqa: BLE001 - a broken script is reported to the client
             recorder.script_error(exc)
             self._send_error(invalid(f"{type(exc).__name__}: {exc}"))
@@ -308,3 +325,23 @@ def _compacted(body: dict[str, Any], reply: Reply) -> Reply:
     if edit.get("pause_after_compaction"):
         return replace(reply, content=[block], stop_reason="compaction", truncate_input=False)
     return replace(reply, content=[block, *reply.content])
+
+
+class ScriptBreaksFormat(ValueError):
+    """A scripted answer does not follow the request's output_config.format schema."""
+
+
+def _check_format(body: dict[str, Any], reply: Reply) -> None:
+    """The real model's complete answer follows the requested schema (constrained
+    decoding); only one cut short (max_tokens) or refused may not."""
+    fmt = (body.get("output_config") or {}).get("format")
+    if not fmt or reply.is_error or reply.stop_reason not in ("end_turn", "stop_sequence"):
+        return
+    answer = "".join(str(b.get("text", "")) for b in reply.blocks() if b.get("type") == "text")
+    try:
+        value = json.loads(answer)
+    except ValueError:
+        raise ScriptBreaksFormat(f"the scripted answer is not JSON: {answer[:80]!r}") from None
+    problem = formats.mismatch(value, fmt["schema"], fmt["schema"])
+    if problem:
+        raise ScriptBreaksFormat(f"the scripted answer breaks the requested schema: {problem}")

@@ -48,6 +48,15 @@ def usage(
             "ephemeral_5m_input_tokens": scripted["cache_creation_input_tokens"],
             "ephemeral_1h_input_tokens": 0,
         }
+    reasoning = sum(
+        len(str(b.get("thinking") or b.get("data") or ""))
+        for b in content
+        if b.get("type") in ("thinking", "redacted_thinking")
+    )
+    if reasoning and "output_tokens_details" not in counts:
+        # Thinking counts in output_tokens; the API says how much of it was reasoning.
+        thinking_tokens = min(counts["output_tokens"], max(1, reasoning // 4))
+        counts["output_tokens_details"] = {"thinking_tokens": thinking_tokens}
     return counts
 
 
@@ -67,6 +76,7 @@ def message(
         "content": content,
         "stop_reason": reply.stop_reason,
         "stop_sequence": reply.stop_sequence,
+        "stop_details": reply.stop_details,
         "usage": {**usage(body, reply, content, prompt), "service_tier": "standard"},
     }
 
@@ -81,7 +91,9 @@ def events(
         content = content[: cut + 1]
     start_message = message(body, reply, [], prompt)
     start_message["stop_reason"] = start_message["stop_sequence"] = None  # only known at the end
+    start_message["stop_details"] = None
     counts = usage(body, reply, content, prompt)
+    details = counts.pop("output_tokens_details", None)
     start_message["usage"] = {**counts, "output_tokens": 1, "service_tier": "standard"}
     yield _sse("message_start", {"type": "message_start", "message": start_message})
     yield _sse("ping", {"type": "ping"})
@@ -134,19 +146,26 @@ def events(
         "message_delta",
         {
             "type": "message_delta",
-            "delta": {"stop_reason": reply.stop_reason, "stop_sequence": reply.stop_sequence},
-            # The final usage, as the real API sends it here (server tool requests too).
+            "delta": {
+                "stop_reason": reply.stop_reason,
+                "stop_sequence": reply.stop_sequence,
+                "stop_details": reply.stop_details,
+            },
             "usage": {
-                k: v
-                for k, v in counts.items()
-                if k
-                in (
-                    "output_tokens",
-                    "input_tokens",
-                    "cache_creation_input_tokens",
-                    "cache_read_input_tokens",
-                    "server_tool_use",
-                )
+                "output_tokens": counts["output_tokens"],
+                # The final usage, as the real API sends it here (server tool requests too).
+                **{
+                    k: v
+                    for k, v in counts.items()
+                    if k
+                    in (
+                        "input_tokens",
+                        "cache_creation_input_tokens",
+                        "cache_read_input_tokens",
+                        "server_tool_use",
+                    )
+                },
+                **({"output_tokens_details": details} if details else {}),
             },
         },
     )

@@ -84,6 +84,9 @@ def check_tools(body: dict[str, Any]) -> dict[str, str]:
     """The request's server tools (name -> type), refusing what the API refuses."""
     declared: dict[str, str] = {}
     tools = body.get("tools") or []
+    if not isinstance(tools, list):
+        return declared  # refused as such by the tools' own checks
+    tools = [t for t in tools if isinstance(t, dict)]
     accepted = _accepted_by(str(body.get("model")))
     for j, tool in enumerate(tools):
         kind = tool.get("type")
