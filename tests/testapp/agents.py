@@ -260,10 +260,13 @@ Agent(
 
 
 # Server tools: the API runs web search itself, next to this app's own tools (one that may
-# need approval: the cache lives an hour). The crash matrix's conversation uses it.
+# need approval: the cache lives an hour), with adaptive thinking. The crash matrix's
+# scenario with both uses it.
 Agent(
     name="researcher",
-    model="claude-sonnet-4-5",
+    model="claude-sonnet-5-5",
+    thinking="adaptive",
+    thinking_display="summarized",
     system="You are a research agent. " * 300,  # a prefix long enough to be cached
     tools=[lookup, save_note, send_message, delete_account],
     server_tools=[server_tool("web_search_20250305", max_uses=3)],

@@ -11,6 +11,7 @@ starts with turn 0 copied, so its message is never sent again.
 from __future__ import annotations
 
 import time
+from decimal import Decimal
 
 import pytest
 
@@ -18,7 +19,7 @@ from django_agentrun import fork_run, send_message, start_conversation, start_ru
 from django_agentrun.failpoints import POINTS
 from django_agentrun.recovery import reap
 from django_agentrun.testing import ScriptedClient, reply
-from django_agentrun.testing.messages_api import Reply, by_step, text, tool_use
+from django_agentrun.testing.messages_api import Reply, by_step, text, tool_use, web_search
 from tests.conftest import (
     assert_conversation_projection_matches,
     assert_projection_matches,
@@ -222,3 +223,82 @@ def test_crash_at__every_failpoint__follow_up(point, workers, messages_api, sett
         ]
     assert len(executions("send_message")) == 1
     assert run.turn_count == 3
+
+
+def thinking_and_server_tool() -> list[Reply]:
+    """The three turns above with adaptive thinking on and web search (a server tool) in the
+    conversation: the first answer searches, the third pauses its own loop mid-search
+    (`pause_turn`) and a fourth continues it."""
+    send = {"to": "ann@example.com", "body": "Hi"}
+    search = web_search("ann's order", [("https://shop.example/ann", "Order 42")])
+    more, found = web_search("delivery date", [("https://shop.example/eta", "ETA")])
+    return [
+        Reply(
+            [
+                {"type": "thinking", "thinking": "Check the order, then tell Ann."},
+                *search,
+                text("Sending."),
+                tool_use("send_message", send, id="toolu_send"),
+            ]
+        ),
+        Reply(
+            [
+                {"type": "thinking", "thinking": "Note it."},
+                tool_use("lookup", {"query": "order"}, id="toolu_look"),
+                tool_use("save_note", {"text": "n"}, id="toolu_note"),
+            ]
+        ),
+        Reply([{**more, "id": "srvtoolu_01more"}], stop_reason="pause_turn"),
+        Reply([{**found, "tool_use_id": "srvtoolu_01more"}, text("All done.")]),
+    ]
+
+
+@pytest.mark.parametrize("point", sorted(POINTS))
+def test_crash_at__every_failpoint__thinking_and_server_tool(
+    point, workers, messages_api, settings
+):
+    """One scenario, every failpoint: adaptive thinking and a server tool change nothing of
+    the promise (each step asked at most twice, transcripts the stand-in accepts, usage
+    and cost counted once, server tools never executed here)."""
+    settings.AGENTRUN_LEASE_SECONDS = 2
+    messages_api.script = by_step(thinking_and_server_tool())
+    first = workers.start(failpoints=f"{point}=crash", AGENTRUN_LEASE_SECONDS="2")
+    run = start_run("researcher", "Tell Ann her order shipped.")
+    code = workers.wait_exit(first, timeout=60)
+    assert code != 0, f"worker 1 should have crashed at {point}\n{workers.logs()}"
+    workers.start(AGENTRUN_LEASE_SECONDS="2")
+    finish(run)
+
+    assert run.state == "completed", (run.state, run.error_code, run.error_message, workers.logs())
+    assert_projection_matches(run)
+    assert not messages_api.script_errors
+    # The stand-in validated every request: paired server-tool blocks, signed thinking
+    # blocks under an unchanged prefix, the paused turn sent back last, 4 breakpoints at most.
+    assert all(r["status"] == 200 for r in messages_api.requests), messages_api.requests
+    for body in messages_api.bodies:
+        assert body["thinking"] == {"type": "adaptive", "display": "summarized"}
+    steps = messages_api.steps()
+    assert set(steps) == {0, 1, 2, 3}
+    twice = {s for s, n in steps.items() if n > 1}
+    assert all(steps[s] == 2 for s in twice)
+    assert twice == ({0} if point == "model.before_commit" else set())
+    assert len(executions("send_message")) == 1
+    assert sorted(run.tool_calls.values_list("name", flat=True)) == [
+        "lookup",
+        "save_note",
+        "send_message",
+    ]
+    # Usage and cost counted once: one recorded answer per turn, and the run's counters
+    # are their sums.
+    turns = list(run.turns.order_by("index"))
+    assert run.turn_count == len(turns) == 4
+    assert [t.stop_reason for t in turns] == ["tool_use", "tool_use", "pause_turn", "end_turn"]
+    answers = list(run.events.filter(type="model_response").order_by("seq"))
+    assert [a.payload["turn_index"] for a in answers] == [0, 1, 2, 3]
+    for key in ("input_tokens", "output_tokens", "cache_read_input_tokens"):
+        assert getattr(run, key) == sum(getattr(t, key) for t in turns), key
+    assert run.cost_usd == sum(Decimal(a.payload["cost_usd"]) for a in answers)
+    searches = [
+        t.usage_details.get("server_tool_use", {}).get("web_search_requests", 0) for t in turns
+    ]
+    assert searches == [1, 0, 1, 0]
