@@ -268,7 +268,6 @@ def test_server_tool_takes_the_sdks_types_names_and_options():
     assert server_tool("code_execution_20250825")["name"] == "code_execution"
     with pytest.raises(ConfigurationError, match="Unknown server tool type 'web_search'"):
         server_tool("web_search")
-    assert Run  # imported for the projection check's fixture
 
 
 @pytest.mark.django_db
@@ -305,3 +304,16 @@ def test_the_api_and_the_admin_show_the_server_tools(api, client, test_log):
     page = browser.get(reverse("admin:agentrun_run_change", args=[run.pk])).content.decode()
     assert "[web_search, run by the API:" in page
     assert "[web_search_tool_result: 1 result]" in page
+
+
+@pytest.mark.django_db
+def test_a_server_tool_the_model_refuses_fails_at_start_run_naming_both(agent):
+    from django_agentrun.exceptions import InvalidOption
+
+    agent("old-searcher", server_tools=[server_tool("web_search_20260209")])
+    with pytest.raises(InvalidOption) as raised:
+        start_run("old-searcher", "hi")
+    assert "claude-sonnet-4-5 does not accept the server tool web_search_20260209" in str(
+        raised.value
+    )
+    assert not Run.objects.exists()
