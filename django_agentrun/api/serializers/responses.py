@@ -141,6 +141,14 @@ class PendingDecisionSerializer(serializers.ModelSerializer):
         return services.approval_token(call)
 
 
+# A nested part of a turn's usage: counts by name, null when the response had none.
+_NULLABLE_COUNTS = {
+    "type": "object",
+    "nullable": True,
+    "additionalProperties": {"type": "integer"},
+}
+
+
 class TurnUsageSerializer(UsageSerializer):
     """A turn's usage with the nested parts the API returned (absent: none returned)."""
 
@@ -151,11 +159,11 @@ class TurnUsageSerializer(UsageSerializer):
         help_text="Requests of the server tools: web_search_requests, web_fetch_requests."
     )
 
-    @extend_schema_field(OpenApiTypes.OBJECT)
+    @extend_schema_field(_NULLABLE_COUNTS)
     def get_cache_creation(self, turn: Turn) -> dict[str, int] | None:
         return (turn.usage_details or {}).get("cache_creation")
 
-    @extend_schema_field(OpenApiTypes.OBJECT)
+    @extend_schema_field(_NULLABLE_COUNTS)
     def get_server_tool_use(self, turn: Turn) -> dict[str, int] | None:
         return (turn.usage_details or {}).get("server_tool_use")
 
@@ -210,7 +218,7 @@ class TurnSerializer(serializers.ModelSerializer):
         ]
         read_only_fields = fields
 
-    @extend_schema_field(OpenApiTypes.OBJECT)
+    @extend_schema_field({"type": "array", "items": {"type": "object"}})
     def get_server_tools(self, turn: Turn) -> list[dict[str, Any]]:
         return server_tool_uses(turn.content)
 
