@@ -48,7 +48,7 @@ DEFAULTS: dict[str, Any] = {
     "MODEL_RETRY_BASE_SECONDS": 1.0,
     "MODEL_RETRY_MAX_SECONDS": 30.0,
     # Defaults for agents that do not say otherwise.
-    # A current model of the table (django_agentrun/catalog.py; README "Models").
+    # A current model of the table (django_agentrun/catalog/; README "Models and prices").
     "DEFAULT_MODEL": "claude-sonnet-5-5",
     "DEFAULT_MAX_TOKENS": 4096,
     "DEFAULT_MAX_TURNS": 20,
@@ -58,7 +58,7 @@ DEFAULTS: dict[str, Any] = {
     # Prompt caching of the stable prefix (tools and system).
     "PROMPT_CACHING": True,
     # The model table's overrides and additions: {model id: partial entry} merged over the
-    # shipped entry (catalog.py); a new id names every field or `like` a shipped model.
+    # shipped entry (catalog/); a new id names every field or `like` a shipped model.
     "MODELS": {},
     # The JSON file `manage.py agentrun_models refresh` writes the Models API's
     # capabilities to, and every process reads (None: the shipped table only).

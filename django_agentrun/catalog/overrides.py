@@ -5,6 +5,7 @@ them. Reads Django settings, lazily: importing this needs none."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 from collections.abc import Iterable, Mapping
@@ -24,6 +25,7 @@ from .vocabulary import (
 )
 
 D = Decimal
+logger = logging.getLogger("django_agentrun.catalog")
 
 # ---- settings and the refreshed file ----------------------------------------------------
 
@@ -196,7 +198,9 @@ def _legacy_prices() -> dict[str, dict[str, Any]]:
     return out
 
 
-def _effective(model: str) -> ModelInfo | None:
+def _effective(model: str, *, strict: bool = False) -> ModelInfo | None:
+    """`strict`: a refreshed file that cannot be read or merged is an error (the check);
+    otherwise it is logged and skipped, so a turn never fails on it."""
     from ..conf import agentrun_settings
 
     overrides = agentrun_settings.MODELS or {}
@@ -210,9 +214,14 @@ def _effective(model: str) -> ModelInfo | None:
     if info is None and key in overrides:
         # A model the host project adds: its own entry first, then what a refresh knows.
         info = _merge(None, key, overrides[key], f"AGENTRUN_MODELS[{key!r}]")
-    refreshed = _refreshed().get(key)
-    if refreshed is not None and info is not None:
-        info = _merge(info, key, refreshed, f"AGENTRUN_MODELS_FILE[{key!r}]")
+    try:
+        refreshed = _refreshed().get(key)
+        if refreshed is not None and info is not None:
+            info = _merge(info, key, refreshed, f"AGENTRUN_MODELS_FILE[{key!r}]")
+    except CatalogError as exc:
+        if strict:
+            raise
+        logger.warning("Model table: %s; the refreshed capabilities are not used", exc)
     legacy = _legacy_prices()
     if key in legacy or model in legacy:
         raw_prices = legacy.get(model, legacy.get(key))
@@ -284,7 +293,7 @@ def catalog_errors() -> list[str]:
         return ["AGENTRUN_PRICES: expected a dict of model id -> dict"]
     for model in sorted(set(overrides or {}) | set(prices or {}) | set(SHIPPED)):
         try:
-            _effective(model)
+            _effective(model, strict=True)
         except CatalogError as exc:
             errors.append(str(exc))
     return sorted(set(errors))

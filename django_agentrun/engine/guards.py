@@ -24,7 +24,7 @@ def _int(value: Any) -> int:
 
 
 def cost_of(model: str, usage: Mapping[str, Any]) -> Decimal:
-    """USD cost of one response's usage at `model`'s prices (catalog.py), rounded to the
+    """USD cost of one response's usage at `model`'s prices (catalog/), rounded to the
     micro-dollar the run's counter keeps; 0 for a model the table does not price.
 
     Cache writes are priced by TTL (usage.cache_creation; the flat

@@ -106,3 +106,21 @@ def test_list__the_table_with_overrides(settings):
     settings.AGENTRUN_MODELS = {"claude-opus-5-5": {"prices": {"input": "x"}}}
     with pytest.raises(CommandError, match="expected a number"):
         run()
+
+
+def test_refresh__a_broken_file_never_fails_a_turn_and_check_says_so(settings, tmp_path, caplog):
+    from django_agentrun.checks import check_agents
+
+    settings.AGENTRUN_MODELS_FILE = str(tmp_path / "models.json")
+    (tmp_path / "models.json").write_text('{"models": {"claude-opus-5-5": {"effort": ["huge"]}}')
+    # Cut short by hand: the turn's pricing still works from the shipped table...
+    assert model_info("claude-opus-5-5") == shipped_info("claude-opus-5-5")
+    assert "cannot be read" in caplog.text
+    # ...and manage.py check names the file.
+    (error,) = check_agents()
+    assert error.id == "agentrun.E020" and "AGENTRUN_MODELS_FILE" in error.msg
+    (tmp_path / "models.json").write_text('{"models": {"claude-opus-5-5": {"effort": ["huge"]}}}')
+    os.utime(tmp_path / "models.json", ns=(2, 2))
+    assert model_info("claude-opus-5-5") == shipped_info("claude-opus-5-5")
+    (error,) = check_agents()
+    assert "effort: unknown value(s) ['huge']" in error.msg
