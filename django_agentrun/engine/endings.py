@@ -113,7 +113,7 @@ def complete(
             )
             logger.warning("Run failed run_id=%s code=invalid_structured_output", step.run.pk)
             return
-    transitions.complete_run(write, step.run, stop_reason, output, parsed_output=parsed)
+    transitions.complete_run(write, step.run, stop_reason, output, parsed)
     logger.info("Run completed run_id=%s stop_reason=%s", step.run.pk, stop_reason)
 
 

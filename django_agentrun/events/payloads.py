@@ -94,19 +94,22 @@ def run_failed(run: Any, code: str, message: str, phase: str, checkpoint: int) -
     }
 
 
-def run_completed(run: Any, stop_reason: str, output: Any, usage: dict[str, int]) -> Event:
-    """The output's text; its content is the last answer's, recorded with that answer."""
-    return EventType.RUN_COMPLETED, {
+def run_completed(
+    run: Any, stop_reason: str, output: Any, usage: dict[str, int], parsed: Any = None
+) -> Event:
+    """The output's text; its content is the last answer's, recorded with that answer. A
+    refusal's details and a structured output's parsed value, when there are any."""
+    payload = {
         "run_state": run.state,
         "stop_reason": stop_reason,
         "output": {"text": output.get("text", "")} if isinstance(output, dict) else output,
         "usage": usage,
-        **(
-            {"refusal": output["refusal"]}
-            if isinstance(output, dict) and "refusal" in output
-            else {}
-        ),
     }
+    if isinstance(output, dict) and "refusal" in output:
+        payload["refusal"] = output["refusal"]
+    if parsed is not None:
+        payload["parsed_output"] = parsed
+    return EventType.RUN_COMPLETED, payload
 
 
 def run_continued(run: Any) -> Event:

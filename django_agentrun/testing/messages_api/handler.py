@@ -14,7 +14,7 @@ from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
-from . import formats, model_list, replies, servertools
+from . import model_list, options, replies, servertools
 from .cache import PromptCache, tokens
 from .recorder import Recorder
 from .script import Reply, Script, ScriptExhausted, as_reply, new_id
@@ -342,6 +342,6 @@ def _check_format(body: dict[str, Any], reply: Reply) -> None:
         value = json.loads(answer)
     except ValueError:
         raise ScriptBreaksFormat(f"the scripted answer is not JSON: {answer[:80]!r}") from None
-    problem = formats.mismatch(value, fmt["schema"], fmt["schema"])
+    problem = options.mismatch(value, fmt["schema"], fmt["schema"])
     if problem:
         raise ScriptBreaksFormat(f"the scripted answer breaks the requested schema: {problem}")

@@ -7,8 +7,7 @@ import re
 from typing import Any
 from urllib.parse import urlsplit
 
-from ...catalog import refusals
-from . import formats, servertools, thinking
+from . import options, servertools, thinking
 from .script import ERROR_TYPES, text
 
 _ID_PATTERN = re.compile(r"^[a-zA-Z0-9_-]+$")
@@ -168,65 +167,6 @@ def _check_download(source: Any) -> None:
         raise invalid("Unable to download the file")
 
 
-_THINKING_TYPES = ("adaptive", "enabled", "disabled")
-_DISPLAY = ("summarized", "omitted")
-_EFFORT = ("low", "medium", "high", "xhigh", "max")
-_SERVICE_TIERS = ("auto", "standard_only")
-
-
-def _check_options(body: dict[str, Any]) -> None:
-    """thinking, output_config (effort, format), service_tier: their shapes as the SDK's
-    params declare them, then what the requested model refuses (the shipped model table)."""
-    config = body.get("thinking")
-    if config is not None:
-        if not isinstance(config, dict) or config.get("type") not in _THINKING_TYPES:
-            raise invalid(
-                "thinking: Input tag found using 'type' does not match any of the expected "
-                "tags: 'adaptive', 'enabled', 'disabled'"
-            )
-        kind = config["type"]
-        if config.get("display") is not None and (
-            kind == "disabled" or config["display"] not in _DISPLAY
-        ):
-            raise invalid(f"thinking.{kind}.display: Input should be 'summarized' or 'omitted'")
-        if kind == "enabled":
-            budget = config.get("budget_tokens")
-            if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1024:
-                raise invalid("thinking.enabled.budget_tokens: Input should be >= 1024")
-            if budget >= body.get("max_tokens", 0):
-                raise invalid("`max_tokens` must be greater than `thinking.budget_tokens`")
-        choice = body.get("tool_choice")
-        forced = isinstance(choice, dict) and choice.get("type") in ("any", "tool")
-        if kind != "disabled" and forced:
-            raise invalid("Thinking may not be enabled when tool_choice forces tool use.")
-    output = body.get("output_config")
-    if output is not None:
-        if not isinstance(output, dict):
-            raise invalid("output_config: Input should be a valid dictionary")
-        for key in output:
-            if key not in ("effort", "format"):
-                raise invalid(f"output_config.{key}: Extra inputs are not permitted")
-        if output.get("effort") is not None and output["effort"] not in _EFFORT:
-            raise invalid(
-                "output_config.effort: Input should be 'low', 'medium', 'high', 'xhigh' or 'max'"
-            )
-        fmt = output.get("format")
-        if fmt is not None:
-            if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
-                raise invalid("output_config.format.type: Input should be 'json_schema'")
-            if "schema" not in fmt:
-                raise invalid("output_config.format.schema: Field required")
-            problem = formats.schema_problem(fmt["schema"])
-            if problem:
-                raise invalid(problem)
-    tier = body.get("service_tier")
-    if tier is not None and tier not in _SERVICE_TIERS:
-        raise invalid("service_tier: Input should be 'auto' or 'standard_only'")
-    refused = refusals(body["model"], body, shipped_only=True)
-    if refused:
-        raise invalid("; ".join(refused))
-
-
 def validate_request(body: Any, betas: set[str] | None = None) -> None:
     """Raise APIRequestError for a body the real Messages API would reject.
 
@@ -284,7 +224,9 @@ def _validate(body: Any, betas: set[str] | None) -> None:
             raise invalid("metadata.user_id: String should have at most 256 characters")
     # Server tools as declared (their types and names) before what the model accepts.
     declared = servertools.check_tools(body)
-    _check_options(body)
+    problem = options.problem(body)
+    if problem:
+        raise invalid(problem)
 
     # Automatic caching: the top-level cache_control takes one of the breakpoints.
     breakpoints = _check_cache_control(body.get("cache_control"), "cache_control")
@@ -322,7 +264,7 @@ def _validate(body: Any, betas: set[str] | None) -> None:
                 if "strict" in tool and not isinstance(tool["strict"], bool):
                     raise invalid(f"tools.{j}.custom.strict: Input should be a valid boolean")
                 if tool.get("strict"):
-                    problem = formats.schema_problem(schema, f"tools.{j}.custom.input_schema")
+                    problem = options.schema_problem(schema, f"tools.{j}.custom.input_schema")
                     if problem:
                         raise invalid(problem)
             elif not isinstance(name, str) or not name:
