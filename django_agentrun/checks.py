@@ -11,6 +11,7 @@ from django.core import checks
 from django.db import connections
 from django.utils.module_loading import import_string
 
+from . import model_checks
 from .conf import agentrun_settings
 
 REAP_TASK = "django_agentrun.reap"
@@ -312,23 +313,14 @@ def check_api(app_configs: Any = None, **kwargs: Any) -> list:
 
 @checks.register()
 def check_agents(app_configs: Any = None, **kwargs: Any) -> list:
+    """The model table's overrides, and each agent's model and options against it."""
     from .agents import registered_agents
 
-    found = []
+    found = model_checks.table_messages()
+    if any(m.level >= checks.ERROR for m in found):
+        return found  # the table itself is wrong: nothing below can be judged
     for agent in registered_agents().values():
-        snapshot_model = agent.model or agentrun_settings.DEFAULT_MODEL
-        if (
-            agent.budget.max_cost_usd is not None
-            and agentrun_settings.price_for(snapshot_model) is None
-        ):
-            found.append(
-                checks.Error(
-                    f"Agent {agent.name!r} has a cost budget but model {snapshot_model!r} has no price.",
-                    hint="Add it to AGENTRUN_PRICES = {model: {'input': ..., 'output': ..., "
-                    "'cache_write': ..., 'cache_read': ...}} (USD per million tokens).",
-                    id="agentrun.E004",
-                )
-            )
+        found.extend(model_checks.agent_messages(agent))
     return found
 
 

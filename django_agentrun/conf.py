@@ -10,22 +10,6 @@ from typing import Any
 
 from django.conf import settings as django_settings
 
-# Prices in USD per million tokens: input, output, cache write (5 min), cache read.
-DEFAULT_PRICES: dict[str, dict[str, float]] = {
-    "claude-opus-4-5": {"input": 5.0, "output": 25.0, "cache_write": 6.25, "cache_read": 0.5},
-    "claude-opus-4-1": {"input": 15.0, "output": 75.0, "cache_write": 18.75, "cache_read": 1.5},
-    "claude-opus-4-0": {"input": 15.0, "output": 75.0, "cache_write": 18.75, "cache_read": 1.5},
-    "claude-sonnet-4-5": {"input": 3.0, "output": 15.0, "cache_write": 3.75, "cache_read": 0.3},
-    "claude-sonnet-4-0": {"input": 3.0, "output": 15.0, "cache_write": 3.75, "cache_read": 0.3},
-    "claude-haiku-4-5": {"input": 1.0, "output": 5.0, "cache_write": 1.25, "cache_read": 0.1},
-    "claude-3-5-haiku-latest": {
-        "input": 0.8,
-        "output": 4.0,
-        "cache_write": 1.0,
-        "cache_read": 0.08,
-    },
-}
-
 DEFAULTS: dict[str, Any] = {
     # Lease held by the worker advancing a run; the heartbeat renews it.
     "LEASE_SECONDS": 30.0,
@@ -64,7 +48,8 @@ DEFAULTS: dict[str, Any] = {
     "MODEL_RETRY_BASE_SECONDS": 1.0,
     "MODEL_RETRY_MAX_SECONDS": 30.0,
     # Defaults for agents that do not say otherwise.
-    "DEFAULT_MODEL": "claude-sonnet-4-5",
+    # A current model of the table (django_agentrun/catalog/; README "Models and prices").
+    "DEFAULT_MODEL": "claude-sonnet-5-5",
     "DEFAULT_MAX_TOKENS": 4096,
     "DEFAULT_MAX_TURNS": 20,
     "DEFAULT_MAX_TOOL_CALLS_PER_TURN": 16,
@@ -72,7 +57,14 @@ DEFAULTS: dict[str, Any] = {
     "REPEAT_WINDOW": 10,
     # Prompt caching of the stable prefix (tools and system).
     "PROMPT_CACHING": True,
-    # Per-model prices (USD per million tokens), merged over DEFAULT_PRICES.
+    # The model table's overrides and additions: {model id: partial entry} merged over the
+    # shipped entry (catalog/); a new id names every field or `like` a shipped model.
+    "MODELS": {},
+    # The JSON file `manage.py agentrun_models refresh` writes the Models API's
+    # capabilities to, and every process reads (None: the shipped table only).
+    "MODELS_FILE": None,
+    # Deprecated: per-model prices {model: {input, output, cache_write, cache_read}}; read
+    # as AGENTRUN_MODELS = {model: {"prices": {...}}} (cache_write is the 5-minute price).
     "PRICES": {},
     # Celery queue for the app's tasks (None: the default queue).
     "QUEUE": None,
@@ -108,19 +100,6 @@ class AgentRunSettings:
         if name not in DEFAULTS:
             raise AttributeError(f"Unknown django-agentrun setting: AGENTRUN_{name}")
         return getattr(django_settings, f"AGENTRUN_{name}", DEFAULTS[name])
-
-    def prices(self) -> dict[str, dict[str, float]]:
-        return {**DEFAULT_PRICES, **self.PRICES}
-
-    def price_for(self, model: str) -> dict[str, float] | None:
-        """Price of `model`, matching dated ids (claude-sonnet-4-5-20250929) to their alias."""
-        prices = self.prices()
-        if model in prices:
-            return prices[model]
-        for name in sorted(prices, key=len, reverse=True):
-            if model.startswith(name):
-                return prices[name]
-        return None
 
 
 agentrun_settings = AgentRunSettings()

@@ -130,6 +130,11 @@ class AnthropicModelClient:
         if client is not None:
             client.close()
 
+    def list_models(self) -> list[dict[str, Any]]:
+        """Every model the Models API lists for this key (GET /v1/models, all pages), as the
+        SDK's ModelInfo in JSON form (capabilities included)."""
+        return [info.model_dump(mode="json") for info in self.client.models.list(limit=1000)]
+
     # -- the ModelClient protocol ------------------------------------------------------------
 
     def create(self, request: ModelRequest, *, abort: AbortSignal) -> ModelResponse:

@@ -17,6 +17,23 @@ USAGE_KEYS = (
 )
 
 
+# The API's nested breakdowns of a response's usage that pricing needs (anthropic 2.16
+# types/usage.py): cache writes by TTL, and server tool requests.
+CACHE_CREATION_KEYS = ("ephemeral_5m_input_tokens", "ephemeral_1h_input_tokens")
+SERVER_TOOL_USE_KEYS = ("web_search_requests", "web_fetch_requests")
+
+
+def _get(data: Any, key: str) -> Any:
+    return data.get(key) if isinstance(data, dict) else getattr(data, key, None)
+
+
+def _counts(data: Any, keys: tuple[str, ...]) -> tuple[tuple[str, int], ...] | None:
+    """A nested usage object's counts, as sorted pairs (None: the response had none)."""
+    if data is None:
+        return None
+    return tuple((key, int(_get(data, key) or 0)) for key in keys)
+
+
 @dataclass(frozen=True)
 class Usage:
     """Token counts of one response, named like the API's usage keys."""
@@ -25,17 +42,44 @@ class Usage:
     output_tokens: int = 0
     cache_creation_input_tokens: int = 0
     cache_read_input_tokens: int = 0
+    # usage.cache_creation (writes by TTL) and usage.server_tool_use, as (key, count)
+    # pairs; None when the response had none. Kept for pricing (engine/guards.cost_of).
+    cache_creation: tuple[tuple[str, int], ...] | None = None
+    server_tool_use: tuple[tuple[str, int], ...] | None = None
+
+    def __post_init__(self) -> None:
+        # Accept the API's dict shape too (Usage(**response_usage), scripted replies).
+        for name, keys in (
+            ("cache_creation", CACHE_CREATION_KEYS),
+            ("server_tool_use", SERVER_TOOL_USE_KEYS),
+        ):
+            value = getattr(self, name)
+            if isinstance(value, dict):
+                object.__setattr__(self, name, _counts(value, keys))
 
     @classmethod
     def from_mapping(cls, data: Any) -> Usage:
         def get(key: str) -> int:
-            value = data.get(key) if isinstance(data, dict) else getattr(data, key, None)
-            return int(value or 0)
+            return int(_get(data, key) or 0)
 
-        return cls(**{key: get(key) for key in USAGE_KEYS})
+        return cls(
+            **{key: get(key) for key in USAGE_KEYS},
+            cache_creation=_counts(_get(data, "cache_creation"), CACHE_CREATION_KEYS),
+            server_tool_use=_counts(_get(data, "server_tool_use"), SERVER_TOOL_USE_KEYS),
+        )
 
     def as_dict(self) -> dict[str, int]:
+        """The four counters the run and its turns keep."""
         return {key: getattr(self, key) for key in USAGE_KEYS}
+
+    def as_billed(self) -> dict[str, Any]:
+        """The usage as the API reported it, nested breakdowns included (what is priced)."""
+        out: dict[str, Any] = self.as_dict()
+        if self.cache_creation is not None:
+            out["cache_creation"] = dict(self.cache_creation)
+        if self.server_tool_use is not None:
+            out["server_tool_use"] = dict(self.server_tool_use)
+        return out
 
     @property
     def prompt_tokens(self) -> int:

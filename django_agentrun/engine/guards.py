@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from decimal import Decimal
+from decimal import ROUND_HALF_EVEN, Decimal
 from typing import Any
 
-from ..conf import agentrun_settings
+from ..catalog import model_info
 from ..media import block_tokens
 from ..tools import canonical_json
 
@@ -19,18 +19,52 @@ FINAL_TURN_NOTICE = (
 )
 
 
-def cost_of(model: str, usage: dict[str, int]) -> Decimal:
-    """USD cost of one response's usage, from the price table (0 for an unpriced model)."""
-    price = agentrun_settings.price_for(model)
-    if price is None:
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def cost_of(model: str, usage: Mapping[str, Any]) -> Decimal:
+    """USD cost of one response's usage at `model`'s prices (catalog/), rounded to the
+    micro-dollar the run's counter keeps; 0 for a model the table does not price.
+
+    Cache writes are priced by TTL (usage.cache_creation; the flat
+    cache_creation_input_tokens as 5-minute writes when the response has no split), and
+    the whole request at the price band its prompt (input + cache writes + cache reads)
+    falls in. Server tools: web search and web fetch requests per 1,000.
+    """
+    info = model_info(model)
+    if info is None:
         return Decimal(0)
-    total = (
-        usage.get("input_tokens", 0) * price["input"]
-        + usage.get("output_tokens", 0) * price["output"]
-        + usage.get("cache_creation_input_tokens", 0) * price["cache_write"]
-        + usage.get("cache_read_input_tokens", 0) * price["cache_read"]
-    )
-    return Decimal(str(round(total / 1_000_000, 6)))
+    inp = _int(usage.get("input_tokens"))
+    out = _int(usage.get("output_tokens"))
+    read = _int(usage.get("cache_read_input_tokens"))
+    split = usage.get("cache_creation")
+    if isinstance(split, Mapping):
+        write_5m = _int(split.get("ephemeral_5m_input_tokens"))
+        write_1h = _int(split.get("ephemeral_1h_input_tokens"))
+    else:
+        write_5m, write_1h = _int(usage.get("cache_creation_input_tokens")), 0
+    prices = info.prices.for_prompt(inp + write_5m + write_1h + read)
+    tokens = (
+        inp * prices.input
+        + out * prices.output
+        + write_5m * prices.cache_write_5m
+        + write_1h * prices.cache_write_1h
+        + read * prices.cache_read
+    ) / MILLION
+    tools = usage.get("server_tool_use")
+    requests = Decimal(0)
+    if isinstance(tools, Mapping):
+        requests = (
+            _int(tools.get("web_search_requests")) * prices.web_search_per_1k
+            + _int(tools.get("web_fetch_requests")) * prices.web_fetch_per_1k
+        ) / THOUSAND
+    return (tokens + requests).quantize(MICRO, rounding=ROUND_HALF_EVEN)
+
+
+MILLION = Decimal(1_000_000)
+THOUSAND = Decimal(1000)
+MICRO = Decimal("0.000001")
 
 
 def estimate_tokens(value: Any) -> int:
@@ -69,6 +103,18 @@ class Breach:
         )
 
 
+def next_turn_cost(model: str, prompt_tokens: int, max_tokens: int) -> Decimal:
+    """The most the next turn can cost at `model`'s prices: the whole prompt at the
+    dearest prompt price (a 1-hour cache write, in the band that prompt falls in), and
+    all of max_tokens of output; 0 for a model the table does not price."""
+    info = model_info(model)
+    if info is None:
+        return Decimal(0)
+    prices = info.prices.for_prompt(prompt_tokens)
+    prompt_price = max(prices.input, prices.cache_write_5m, prices.cache_write_1h)
+    return (prompt_tokens * prompt_price + max_tokens * prices.output) / MILLION
+
+
 def check_budget(
     budget: dict[str, Any],
     *,
@@ -95,9 +141,7 @@ def check_budget(
             return Breach(limit, value, allowed)
     allowed_cost = budget.get("max_cost_usd")
     if allowed_cost is not None:
-        price = agentrun_settings.price_for(model) or {}
-        prompt_price = max(price.get("input", 0), price.get("cache_write", 0))
-        next_cost = (next_prompt_tokens * prompt_price + max_tokens * price.get("output", 0)) / 1e6
+        next_cost = float(next_turn_cost(model, next_prompt_tokens, max_tokens))
         value = float(cost_usd) + next_cost
         if value > float(allowed_cost):
             return Breach("max_cost_usd", round(value, 6), allowed_cost)

@@ -146,7 +146,8 @@ def record(step: Step, turn: Turn, response: ModelResponse, retries: int) -> Com
     write, run = step.write(), step.run
     content = sanitize_content(response.content)
     usage = response.usage.as_dict()
-    cost = guards.cost_of(step.config["model"], usage)
+    billed = response.usage.as_billed()  # with cache writes by TTL and server tool use
+    cost = guards.cost_of(step.config["model"], billed)
     stop = response.stop_reason or ""
     blocks = [b for b in content if b.get("type") == "tool_use"]
     truncated_id = (
@@ -156,7 +157,7 @@ def record(step: Step, turn: Turn, response: ModelResponse, retries: int) -> Com
         and content[-1].get("type") == "tool_use"
         else None
     )
-    event = payloads.model_response(turn, response, content, usage, cost)
+    event = payloads.model_response(turn, response, content, billed, cost)
     answer: dict[str, Any] = dict(
         message_id=response.message_id,
         request_id=response.request_id,

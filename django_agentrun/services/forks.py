@@ -142,7 +142,16 @@ def _copy(original: Run, at_turn: int, by: Any) -> Run:
         original.tool_calls.filter(turn_index__lt=at_turn).order_by("turn_index", "position")
     )
     model = (original.config or {}).get("model", "")
-    costs = {t.index: cost_of(model, t.usage()) for t in turns}
+    recorded = _recorded_responses(original, at_turn)
+    # Each turn costs what was recorded when it was answered (its usage as the API sent
+    # it, cache writes by TTL and server tool use included); priced again only without one.
+    costs = {
+        t.index: sum((c for _, c in recorded[t.index]), Decimal(0))
+        if t.index in recorded
+        else cost_of(model, t.usage())
+        for t in turns
+    }
+    billed = {i: r[0][0] for i, r in recorded.items() if len(r) == 1}
     limit = (original.config or {}).get("deadline_seconds")
     now = timezone.now()
     fork = Run(
@@ -169,7 +178,8 @@ def _copy(original: Run, at_turn: int, by: Any) -> Run:
     call_copies = [_call_copy(fork, copies[c.turn_index], c) for c in calls]
     for turn in turns:
         own = [c for c in call_copies if c.turn_index == turn.index]
-        events.extend(_turn_events(copies[turn.index], own, costs[turn.index]))
+        usage = billed.get(turn.index, turn.usage())
+        events.extend(_turn_events(copies[turn.index], own, costs[turn.index], usage))
     fork.last_seq = len(events)
     fork.save(force_insert=True)
     Turn.objects.bulk_create(copies.values())
@@ -230,13 +240,28 @@ def _call_copy(fork: Run, turn: Turn, call: ToolCall) -> ToolCall:
     )
 
 
-def _turn_events(turn: Turn, calls: list[ToolCall], cost: Decimal) -> list[payloads.Event]:
+def _recorded_responses(run: Run, before: int) -> dict[int, list[tuple[dict, Decimal]]]:
+    """The (usage, cost) each model_response event of `run` recorded, by turn index."""
+    out: dict[int, list[tuple[dict, Decimal]]] = {}
+    events = RunEvent.objects.filter(run=run, type=EventType.MODEL_RESPONSE).order_by("seq")
+    for payload in events.values_list("payload", flat=True):
+        index = payload.get("turn_index")
+        if isinstance(index, int) and index < before and "cost_usd" in payload:
+            out.setdefault(index, []).append(
+                (payload.get("usage") or {}, Decimal(str(payload["cost_usd"])))
+            )
+    return out
+
+
+def _turn_events(
+    turn: Turn, calls: list[ToolCall], cost: Decimal, usage: dict
+) -> list[payloads.Event]:
     """The events that describe a copied turn as the engine's describe a turn it runs:
     started, answered, its calls requested and closed, ended (the projection rebuilds it)."""
     kind, started = payloads.turn_started(turn)
     events: list[payloads.Event] = [(kind, {**started, "turn_state": TurnState.RUNNING})]
     if turn.content is not None or any(turn.usage().values()):
-        kind, answer = payloads.model_response(turn, turn, turn.content or [], turn.usage(), cost)
+        kind, answer = payloads.model_response(turn, turn, turn.content or [], usage, cost)
         if turn.content is None:
             answer["discarded"] = True  # paid for, never part of the conversation
         elif calls:

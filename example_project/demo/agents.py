@@ -58,7 +58,7 @@ def log_ticket(ctx: ToolContext, ticket_id: str, summary: str, message_id: str =
 
 support_agent = Agent(
     name=AGENT_NAME,
-    model="claude-sonnet-4-5",
+    model="claude-sonnet-5-5",
     system=SYSTEM,
     tools=[send_customer_message, log_ticket],
     max_turns=6,

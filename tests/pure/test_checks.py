@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from decimal import Decimal
 
 import pytest
 from celery import Celery
@@ -124,24 +125,26 @@ def test_checks__cost_budget_for_a_model_without_price():
     Agent(name="unpriced", model="some-other-model", budget=Budget(max_cost_usd=1))
     try:
         found = check_agents()
-        assert ids(found) == {"agentrun.E004"}
-        assert "AGENTRUN_PRICES" in found[0].hint
+        assert ids(found) == {"agentrun.E004", "agentrun.W020"}
+        assert "AGENTRUN_MODELS" in next(m for m in found if m.id == "agentrun.E004").hint
     finally:
         unregister_agent("unpriced")
     with pytest.raises(UnknownAgent):
         get_agent("unpriced")  # gone again: other tests see only their own agents
 
 
-def test_checks__dated_model_ids_match_their_price(settings):
-    from django_agentrun.conf import agentrun_settings
+def test_checks__dated_model_ids_match_their_entry(settings):
+    from django_agentrun.catalog import model_info
 
-    assert agentrun_settings.price_for("claude-sonnet-4-5-20250929") == agentrun_settings.price_for(
-        "claude-sonnet-4-5"
-    )
+    assert model_info("claude-sonnet-4-5-20250929") == model_info("claude-sonnet-4-5")
+    assert model_info("claude-sonnet-5-5-20261001").id == "claude-sonnet-5-5"
+    # The deprecated AGENTRUN_PRICES still prices a model (and check says to move it).
     settings.AGENTRUN_PRICES = {
-        "mine": {"input": 1, "output": 2, "cache_write": 1, "cache_read": 0.1}
+        "mine": {"input": 1, "output": 2, "cache_write": 1.5, "cache_read": 0.1}
     }
-    assert agentrun_settings.price_for("mine")["output"] == 2
+    prices = model_info("mine").prices
+    assert (prices.output, prices.cache_write_5m) == (2, Decimal("1.5"))
+    assert "agentrun.W021" in ids(check_agents())
 
 
 def test_checks__api_without_authentication(settings):

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
-from . import replies
+from . import model_list, replies
 from .recorder import Recorder
 from .script import Reply, Script, ScriptExhausted, as_reply, new_id
 from .validation import APIRequestError, invalid, validate_request
@@ -173,8 +173,24 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 - stdlib naming
         self._request_id = new_id("req_")
         self._rec = self._record(None)
+        path, _, query = self.path.partition("?")
         try:
-            self._send_error(APIRequestError(404, f"Not found: {self.path}"))
+            if path == "/v1/models" or path.startswith("/v1/models/"):
+                # The Models API, from the shipped model table.
+                self._check_headers()
+                model_id = path[len("/v1/models/") :] if path != "/v1/models" else ""
+                try:
+                    payload = model_list.retrieve(model_id) if model_id else model_list.page(query)
+                except model_list.NotFound as exc:
+                    raise APIRequestError(404, str(exc), "not_found_error") from None
+                except model_list.Invalid as exc:
+                    raise invalid(str(exc)) from None
+                self._rec["status"] = 200
+                self._send_json(200, payload)
+            else:
+                self._send_error(APIRequestError(404, f"Not found: {self.path}"))
+        except APIRequestError as exc:
+            self._send_error(exc)
         finally:
             self._answered(self._rec)
 

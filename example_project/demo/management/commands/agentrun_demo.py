@@ -89,7 +89,7 @@ class Command(BaseCommand):
             "--model",
             choices=["auto", "scripted", "anthropic"],
             default=os.environ.get("AGENTRUN_DEMO_MODEL", "auto"),
-            help="scripted (offline), anthropic (claude-sonnet-4-5, needs ANTHROPIC_API_KEY), "
+            help="scripted (offline), anthropic (claude-sonnet-5-5, needs ANTHROPIC_API_KEY), "
             "or auto (anthropic when ANTHROPIC_API_KEY is set).",
         )
         parser.add_argument(
@@ -350,7 +350,7 @@ class Demo:
         model = (
             "scripted (offline: example_project/demo/scripted.py)"
             if settings.AGENTRUN_MODEL_CLIENT == SCRIPTED_CLIENT
-            else "claude-sonnet-4-5 through the Anthropic API"
+            else "claude-sonnet-5-5 through the Anthropic API"
         )
         self.command.stdout.write(
             self.style.MIGRATE_HEADING(

@@ -1,0 +1,89 @@
+"""System checks of the model table (catalog.py) and of each agent's model and options:
+the agentrun.E020 / W020 / E021 / W021 / E004 messages of checks.check_agents."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core import checks
+
+from . import catalog
+from .conf import agentrun_settings
+
+
+def request_params(agent: Any) -> dict[str, Any]:
+    """The Messages API params a run of `agent` sends (agents.agent_request_params where
+    the app has it; else the options every agent has: model, max_tokens, system, tools)."""
+    from . import agents
+
+    build = getattr(agents, "agent_request_params", None)
+    if build is not None:
+        return dict(build(agent))
+    snapshot = agent.snapshot()
+    return {
+        "model": snapshot["model"],
+        "max_tokens": snapshot["max_tokens"],
+        "system": snapshot["system"],
+        "tools": snapshot["tools"],
+    }
+
+
+def table_messages() -> list[checks.CheckMessage]:
+    """AGENTRUN_MODELS / AGENTRUN_MODELS_FILE errors, and the AGENTRUN_PRICES deprecation."""
+    found: list[checks.CheckMessage] = [
+        checks.Error(
+            message,
+            hint="AGENTRUN_MODELS = {model id: {field: value}} merges over the shipped "
+            "entry; a new id names every field or 'like' a shipped model (README, Models).",
+            id="agentrun.E020",
+        )
+        for message in catalog.catalog_errors()
+    ]
+    if agentrun_settings.PRICES:
+        found.append(
+            checks.Warning(
+                "AGENTRUN_PRICES is deprecated: its prices are read as AGENTRUN_MODELS "
+                "entries, its cache_write as the 5-minute cache-write price.",
+                hint="Move each entry to AGENTRUN_MODELS = {model: {'prices': {'input': ..., "
+                "'output': ..., 'cache_write_5m': ..., 'cache_write_1h': ..., "
+                "'cache_read': ...}}}.",
+                id="agentrun.W021",
+            )
+        )
+    return found
+
+
+def agent_messages(agent: Any) -> list[checks.CheckMessage]:
+    """An unknown model warns (and a cost budget on it is an error); each option the
+    model refuses is an error naming the option and the model."""
+    params = request_params(agent)
+    model = params.get("model") or agentrun_settings.DEFAULT_MODEL
+    if catalog.model_info(model) is None:
+        found: list[checks.CheckMessage] = [
+            checks.Warning(
+                f"Agent {agent.name!r} uses model {model!r}, which the model table does "
+                "not know: its options are not checked and its runs cost nothing in budgets.",
+                hint="Check the spelling (manage.py agentrun_models lists the table), or "
+                "add it: AGENTRUN_MODELS = {model: {'like': 'claude-sonnet-5-5', ...}}.",
+                id="agentrun.W020",
+            )
+        ]
+        if agent.budget.max_cost_usd is not None:
+            found.append(
+                checks.Error(
+                    f"Agent {agent.name!r} has a cost budget but model {model!r} has no price.",
+                    hint="Add it to AGENTRUN_MODELS = {model: {'like': ..., 'prices': "
+                    "{'input': ..., 'output': ..., ...}}} (USD per million tokens).",
+                    id="agentrun.E004",
+                )
+            )
+        return found
+    return [
+        checks.Error(
+            f"Agent {agent.name!r}: {refusal}; its runs would fail with a 400.",
+            hint="Change the option or the model (manage.py agentrun_models shows what each "
+            "model accepts), or correct the table with AGENTRUN_MODELS.",
+            id="agentrun.E021",
+        )
+        for refusal in catalog.refusals(model, params)
+    ]
