@@ -1,8 +1,9 @@
-"""`GET runs/{id}/stream/`: a run's live stream, Server-Sent Events (formats in sse.py).
+"""`GET runs/{id}/stream/` and `GET conversations/{id}/stream/`: the live streams of a run
+and of a conversation (its runs in order), Server-Sent Events (formats in sse.py).
 
 A plain async Django view (DRF has no async views), so a stream holds no thread while it
 waits: it checks the API's own authentication (the project's DRF authentication classes,
-session included) and visibility (`Run.objects.visible_to(user)`: 404 for what one may not
+session included) and visibility (`visible_to(user)` of runs or conversations: 404 for what one may not
 see; checked when the stream opens), reads the database only in short calls on a shared thread pool that close their
 connection (none is held between reads), and waits on the run's Redis stream (`XREAD
 BLOCK`) for deltas and for the nudge each commit sends (one read per nudge for all the
@@ -32,7 +33,7 @@ from .. import streams
 from ..conf import agentrun_settings
 from ..streams.reader import RunDeltas, client
 from . import stream_reads as reads
-from .sse import ACCEPT, FORMATS, KEEPALIVE
+from .sse import ACCEPT, CONVERSATION_FORMATS, FORMATS, KEEPALIVE
 
 logger = logging.getLogger(__name__)
 
@@ -90,25 +91,57 @@ def bad_cursor(exc: Exception) -> HttpResponse:
 
 async def run_stream(request: HttpRequest, pk: str) -> HttpResponse:
     """The live stream of run `pk` (see the module's docstring)."""
+    return await _open(
+        request,
+        pk,
+        "run",
+        lambda value: (0, streams.parse_run_cursor(value)),
+        lambda ident: Source(ident, reads.read_run, streams.run_key(ident), lambda c: str(c[1])),
+        FORMATS,
+    )
+
+
+async def conversation_stream(request: HttpRequest, pk: str) -> HttpResponse:
+    """The live stream of conversation `pk`: its runs one after the other, each durable
+    event's id `<position>-<seq>`; it follows the conversation from run to run (a message
+    queued or interrupting continues on it) and ends when every run rests."""
+    return await _open(
+        request,
+        pk,
+        "conversation",
+        streams.parse_conversation_cursor,
+        lambda ident: Source(
+            ident,
+            reads.read_conversation,
+            streams.conversation_key(ident),
+            lambda c: streams.conversation_cursor(*c),
+        ),
+        CONVERSATION_FORMATS,
+    )
+
+
+async def _open(
+    request: HttpRequest, pk: str, what: str, parse: Any, source_of: Any, formats: dict[str, Any]
+) -> HttpResponse:
     fmt, refused = preflight(request)
     if refused is not None:
         return refused
     try:
-        after = (0, streams.parse_run_cursor(cursor_value(request)))
+        after = parse(cursor_value(request))
     except streams.InvalidCursor as exc:
         return bad_cursor(exc)
     user, refusal = await reads.authenticate(request)
     if refusal is not None:
         return error(*refusal)
     try:
-        run_id = uuid.UUID(pk)
+        ident = uuid.UUID(pk)
     except ValueError:
-        return error(404, "not_found", "No such run.")
-    first = await reads.read_run(run_id, user, after, first=True)
+        return error(404, "not_found", f"No such {what}.")
+    source = source_of(ident)
+    first = await source.read(ident, user, after, first=True)
     if first is None:
-        return error(404, "not_found", "No such run.")
-    source = Source(run_id, reads.read_run, streams.run_key(run_id), lambda c: str(c[1]))
-    return respond(FORMATS[fmt](run_id), source, after, first)
+        return error(404, "not_found", f"No such {what}.")
+    return respond(formats[fmt](ident), source, after, first)
 
 
 class Source:
