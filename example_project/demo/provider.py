@@ -1,4 +1,4 @@
-"""Simulated external services for the demo: a messaging provider and a helpdesk.
+"""Simulated external services for the demo: a messaging provider, a helpdesk, payments.
 
 They keep their own records in JSON-lines files under the demo state directory
 (`AGENTRUN_DEMO_DIR`), not in the app's tables, like a third-party API would. The
@@ -131,3 +131,30 @@ class Helpdesk:
 
     def reset(self) -> None:
         self.store.reset()
+
+
+class Payments:
+    """Refunds; one per idempotency key (as a payment provider's idempotency keys do)."""
+
+    def __init__(self, root: Path | None = None) -> None:
+        self.store = JsonLines((root or state_dir()) / "provider" / "refunds.jsonl")
+
+    def refund(self, *, order_id: str, amount_cents: int, reason: str, key: str) -> dict[str, Any]:
+        """Refund `amount_cents` of an order; with a key seen before, return that refund."""
+        with self.store.locked():
+            for refund in self.store.rows():
+                if refund["key"] == key:
+                    return refund
+            refund = {
+                "refund_id": f"re-{uuid.uuid4().hex[:8]}",
+                "order_id": order_id,
+                "amount_cents": amount_cents,
+                "reason": reason,
+                "key": key,
+                "created_at": _now(),
+            }
+            self.store.append(refund)
+        return refund
+
+    def refunds(self) -> list[dict[str, Any]]:
+        return self.store.rows()
