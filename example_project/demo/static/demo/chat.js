@@ -172,6 +172,14 @@
         for (const card of cards) if (!card.parentNode) turn.el.append(card);
         break;
       }
+      case "turn_cancelled":
+      case "turn_failed": {
+        // Cut short: what the deltas showed stays (until a reload: deltas are not kept).
+        turn.committed = true;
+        for (const node of turn.el.querySelectorAll(".live")) node.classList.replace("live", "cut");
+        turn.el.append(el("p", "note", event.type === "turn_failed" ? "(answer failed)" : "(answer interrupted)"));
+        break;
+      }
       case "tool_call_requested": {
         const card = callCard(run, turn, payload.tool_call_id, payload.name);
         $(".args", card).textContent = JSON.stringify(payload.arguments, null, 2);
@@ -198,6 +206,7 @@
       run.label.textContent = payload.run_state.replaceAll("_", " ");
       run.el.dataset.state = payload.run_state;
     }
+    scroll();
     const item = el("li", "", event.type);
     item.dataset.cursor = `${event.position}-${event.seq}`;
     $("#events").append(item);
@@ -233,6 +242,13 @@
     if (!target) return;
     if (d.kind === "text" || d.kind === "thinking") target.textContent += d[d.kind] || "";
     else if (d.kind === "input_json") $(".args", target).textContent += d.partial_json || "";
+    scroll();
+  }
+
+  // Keep the newest words in view, unless the reader scrolled up.
+  function scroll() {
+    const bottom = document.documentElement.scrollHeight - window.innerHeight;
+    if (bottom - window.scrollY < 400) window.scrollTo(0, bottom + 1000);
   }
 
   // --------------------------------------------------------------- the stream
