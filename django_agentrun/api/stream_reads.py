@@ -166,9 +166,15 @@ def read_conversation(
     if not runs:
         return Snapshot(RunState.COMPLETED, True, (0, 0))
     frontier = next((pos for _, pos, state, _ in runs if state in RUN_ACTIVE), runs[-1][1])
-    wanted = Q(pk__in=[])
+    # The runs between the cursor's and the frontier have ended: all their events; the two
+    # at the ends, bounded.
+    wanted = Q(
+        run__conversation_id=conversation_id,
+        run__conversation_position__gt=after[0],
+        run__conversation_position__lt=frontier,
+    )
     for pk, position, _state, last_seq in runs:
-        if after[0] <= position <= frontier:
+        if position in (after[0], frontier) and after[0] <= frontier:
             since = after[1] if position == after[0] else 0
             wanted |= Q(run_id=pk, seq__gt=since, seq__lte=last_seq)
     rows = list(

@@ -74,6 +74,9 @@ class Command(BaseCommand):
             # Two processes on one SQLite file: take the write lock up front.
             "SQLITE_TRANSACTION_MODE": "IMMEDIATE",
         }
+        # Ctrl-C, and a plain kill too (a shell's background job ignores SIGINT).
+        signal.signal(signal.SIGINT, _interrupt)
+        signal.signal(signal.SIGTERM, _interrupt)
         call_command("migrate", verbosity=0)
         self._user(username, password)
         python = sys.executable
@@ -131,3 +134,7 @@ class Command(BaseCommand):
         user.user_permissions.add(
             Permission.objects.get(content_type__app_label="agentrun", codename="approve_toolcall")
         )
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
