@@ -205,6 +205,7 @@ async def _follow(
     poll = float(agentrun_settings.STREAM_POLL_SECONDS)
     answered = dict(snapshot.answered) if snapshot is not None else {}
     streamed: set[tuple[int, int]] = set()  # (position, turn) whose deltas this stream sent
+    once: set[str] = set()  # entries held back once for a read (see below)
     frontier = snapshot.frontier if snapshot is not None else 0
     last_output = loop.time()
     next_poll = 0.0
@@ -226,8 +227,8 @@ async def _follow(
                 return
             more, snapshot = snapshot.more, None
             next_poll = loop.time() + (0 if more else poll * (SAFETY_POLL_FACTOR if deltas else 1))
-        need_db = False
-        for _entry_id, item in entries:
+        need_db, held = False, []
+        for entry_id, item in entries:
             position = item.get("position", 0)
             if item.get("kind") == "commit":
                 need_db = need_db or (position, item.get("seq", 0)) > cursor
@@ -235,6 +236,13 @@ async def _follow(
             turn = item.get("turn")
             if not isinstance(turn, int) or turn <= answered.get(position, -1):
                 continue  # an answer already committed: its record was (or will be) sent
+            if position > frontier and entry_id not in once:
+                # A later run writes: the run before it has ended since the last read. Read
+                # its last events first, then these (once: a run cannot write out of turn).
+                once.add(entry_id)
+                held.append((entry_id, item))
+                need_db = True
+                continue
             if not cursor[0] <= position <= frontier:
                 continue  # a run before the cursor's, or one whose events wait
             if item.get("kind") == "attempt":
@@ -243,7 +251,7 @@ async def _follow(
             for chunk in fmt.delta(item):
                 yield chunk
             last_output = loop.time()
-        entries = []
+        entries = held
         now = loop.time()
         if need_db or now >= next_poll:
             snapshot = await reads.read_on(source.read, source.ident, cursor)

@@ -264,3 +264,69 @@ def test_deltas__a_follow_up_tags_its_position_on_the_conversations_stream_only(
     assert "".join(i["text"] for i in shared if i["kind"] == "text" and i["position"] == 1) == (
         "Two."
     )
+
+
+def test_conversation_stream__a_follow_ups_first_deltas_wait_for_the_read_they_need(
+    stream_redis, settings, alice
+):
+    """The nudge that says the run before has ended may be lost (publishing drops what it
+    cannot send): the follow-up's first deltas then make the stream read the database
+    (the frontier moves on) instead of being dropped until the next timed read."""
+    import asyncio
+
+    from asgiref.sync import async_to_sync, sync_to_async
+    from django.test import AsyncClient
+
+    from django_agentrun import cancel_run, streams
+
+    settings.AGENTRUN_STREAM_KEEPALIVE_SECONDS = 0.1
+    settings.AGENTRUN_STREAM_POLL_SECONDS = 30  # no timed read during the test
+    conversation = start_conversation("test-agent", owner=alice)
+    first = send_message(conversation, "one", by=alice)  # queued: nobody works on it
+    second = send_message(conversation, "two", policy="enqueue", by=alice)
+
+    def end_the_first_run_losing_its_nudge():
+        prefix = settings.AGENTRUN_STREAM_PREFIX
+        settings.AGENTRUN_STREAM_PREFIX = prefix + "-elsewhere"
+        try:
+            cancel_run(first, by=alice)
+        finally:
+            settings.AGENTRUN_STREAM_PREFIX = prefix
+        sink = streams.turn_stream(second, 0).attempt(0)
+        sink({"kind": "block_start", "index": 0, "block": "text"})
+        sink({"kind": "text", "index": 0, "text": "Hello from the follow-up."})
+        assert streams.publisher().flush()
+
+    async def go():
+        client = AsyncClient()
+        await client.aforce_login(alice)
+        response = await client.get(url(conversation))
+        chunks = response.streaming_content.__aiter__()
+        body = ""
+        while "run_created" not in body:
+            body += (await chunks.__anext__()).decode()
+        await sync_to_async(end_the_first_run_losing_its_nudge)()
+        try:
+            async with asyncio.timeout(5):
+                while "Hello from the follow-up." not in body:
+                    body += (await chunks.__anext__()).decode()
+        except TimeoutError:
+            pass
+        await chunks.aclose()
+        return body
+
+    body = async_to_sync(go)()
+    texts = [
+        f.json["text"] for f in frames(body) if f.event == "delta" and f.json["kind"] == "text"
+    ]
+    assert texts == ["Hello from the follow-up."]
+    # The first run's last events came before the follow-up's deltas, its own after them.
+    kinds = [(f.event, f.id) for f in frames(body)]
+    first_end = kinds.index(("run_event", f"0-{last_seq_of(first)}"))
+    assert first_end < kinds.index(("delta", None))
+    assert ("run_event", "1-1") in kinds[: kinds.index(("delta", None))]
+
+
+def last_seq_of(run) -> int:
+    run.refresh_from_db()
+    return run.last_seq
