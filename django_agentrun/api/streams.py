@@ -3,20 +3,21 @@ and of a conversation (its runs in order), Server-Sent Events (formats in sse.py
 
 A plain async Django view (DRF has no async views), so a stream holds no thread while it
 waits: it checks the API's own authentication (the project's DRF authentication classes,
-session included) and visibility (`visible_to(user)` of runs or conversations: 404 for what one may not
-see; checked when the stream opens), reads the database only in short calls on a shared thread pool that close their
-connection (none is held between reads), and waits on the run's Redis stream (`XREAD
-BLOCK`) for deltas and for the nudge each commit sends (one read per nudge for all the
-process's streams of the run); without Redis it reads the
-database every AGENTRUN_STREAM_POLL_SECONDS. Serve it under ASGI (uvicorn); under WSGI it
-works but holds a worker thread per client.
+session included) and visibility (`visible_to(user)` of runs or of conversations: 404 for
+what one may not see; checked when the stream opens), reads the database only in short
+calls on a shared thread pool that close their connection (none is held between reads),
+and waits on the run's (or conversation's) Redis stream (`XREAD BLOCK`) for deltas and for
+the nudge each commit sends (one read per nudge for all the process's streams of it);
+without Redis it reads the database every AGENTRUN_STREAM_POLL_SECONDS. Serve it under
+ASGI (uvicorn); under WSGI it works but holds a worker thread per client.
 
 Resuming: `Last-Event-ID` (what EventSource sends) or `?after=` names the last durable
-event received; the stream sends what followed, never anything twice, then the current
-turn's deltas from the start of its answer. A run that rests (completed, failed,
-cancelled, timed out, or waiting for a person) ends its stream once everything is sent;
-with nothing after the cursor it answers 204 (EventSource stops reconnecting; the AI SDK
-reads "no active stream"). A client that disconnects cancels nothing.
+event received (a seq; in a conversation, `<position>-<seq>`); the stream sends what
+followed, never anything twice, then the current turn's deltas from the start of its
+answer. A run that rests (completed, failed, cancelled, timed out, or waiting for a
+person) ends its stream once everything is sent (a conversation's, once every run of it
+rests); with nothing after the cursor it answers 204 (EventSource stops reconnecting; the
+AI SDK reads "no active stream"). A client that disconnects cancels nothing.
 """
 
 from __future__ import annotations
