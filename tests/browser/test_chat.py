@@ -16,6 +16,7 @@ from django_agentrun.testing.messages_api import Reply, text, tool_use
 from tests import factories
 from tests.browser.conftest import HEIGHT, WIDTH
 from tests.factories import by_message
+from tests.processes import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -39,16 +40,6 @@ def slow(*blocks) -> Reply:
 def demo_dir(tmp_path, monkeypatch):
     """The demo's payment records in this test's folder (the workers inherit it)."""
     monkeypatch.setenv("AGENTRUN_DEMO_DIR", str(tmp_path / "demo"))
-
-
-def wait_for(check, timeout: float = 20.0, what: str = ""):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what or check}")
 
 
 def live_text(page, position: int) -> str:
@@ -98,7 +89,7 @@ def test_chat__start_stream_approve_interrupt_reload_stop(
     say(ASK)
 
     # The words appear while the model writes, before its run completes.
-    wait_for(lambda: len(live_text(page, 0)) > 20, what="streamed words")
+    wait_for(lambda: len(live_text(page, 0)) > 20, interval=0.05, message="streamed words")
     conversation = Conversation.objects.get(owner__username="alice")
     first = Run.objects.get(conversation=conversation, conversation_position=0)
     first.refresh_from_db()
@@ -116,14 +107,14 @@ def test_chat__start_stream_approve_interrupt_reload_stop(
     page.wait_for_selector('.call[data-state="succeeded"]')
 
     # While the answer after the refund is being written: a follow-up that interrupts it.
-    wait_for(lambda: len(live_text(page, 1)) > 20, what="the second run's words")
+    wait_for(lambda: len(live_text(page, 1)) > 20, message="the second run's words")
     assert page.input_value("#policy") == "interrupt"
     say(INSTEAD)
     page.wait_for_selector('.run[data-position="1"][data-state="cancelled"]')
     assert "interrupted" in page.inner_text('.run[data-position="1"] .note')
 
     # A reload while the model writes: the page continues from its cursor.
-    wait_for(lambda: len(live_text(page, 2)) > 20, what="the third run's words")
+    wait_for(lambda: len(live_text(page, 2)) > 20, message="the third run's words")
     shot("before-reload")
     page.reload()
     page.wait_for_selector('.run[data-position="2"] .text.committed')
@@ -131,10 +122,10 @@ def test_chat__start_stream_approve_interrupt_reload_stop(
 
     # A stop while the model writes.
     say(MORE)
-    wait_for(lambda: len(live_text(page, 3)) > 20, what="the fourth run's words")
+    wait_for(lambda: len(live_text(page, 3)) > 20, message="the fourth run's words")
     page.click("#stop")
     page.wait_for_selector('.run[data-position="3"][data-state="cancelled"]')
-    wait_for(lambda: page.inner_text("#status") == "cancelled", what="the stopped status")
+    wait_for(lambda: page.inner_text("#status") == "cancelled", message="the stopped status")
     shot("stopped")
 
     # From the DOM: each durable event once, in order; each answer as it was committed.
@@ -151,7 +142,7 @@ def test_chat__start_stream_approve_interrupt_reload_stop(
             and len(found) >= len(stored)
             and found
         ),
-        what="every event",
+        message="every event",
     )
     assert cursors == stored
     said = {ASK: ANSWER, REFUND: AFTER_REFUND, INSTEAD: OTTERS, MORE: RIVER}
