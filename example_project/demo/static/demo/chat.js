@@ -205,6 +205,9 @@
     if (event.type.startsWith("run_") && payload.run_state) {
       run.label.textContent = payload.run_state.replaceAll("_", " ");
       run.el.dataset.state = payload.run_state;
+      // The stream stays open while a message waits behind a parked run: say what it waits on.
+      if (source && payload.run_state === "awaiting_approval") resting("awaiting_approval");
+      else if (source && payload.run_state === "running") setStatus("working", "working…");
     }
     scroll();
     const item = el("li", "", event.type);
