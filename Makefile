@@ -20,7 +20,7 @@ TEST_STAGES = lint checks test-sqlite test-postgres test-postgres-ssb test-postg
 CHROMIUM ?= /usr/bin/chromium
 
 .PHONY: test lint checks test-sqlite test-postgres test-postgres-ssb test-postgres-psycopg2 \
-	test-node node test-browser chromium test-django6 test-release demo bench bench-quick install
+	test-node node test-browser chromium test-django6 test-release demo chat bench bench-quick install
 
 # A virtualenv with the project and its test dependencies, rebuilt when pyproject changes.
 $(VENV)/.installed: pyproject.toml
@@ -92,8 +92,9 @@ node:
 	    || echo "Node.js could not be installed: the AI SDK test will fail"; \
 	}
 
-# The admin as an operator uses it: headless Chromium (Debian's, through the playwright
-# package) against a live server on Postgres, psycopg 3. Screenshots in artifacts/screenshots/.
+# The admin as an operator uses it, and the example chat page: headless Chromium (Debian's,
+# through the playwright package) against a live server on Postgres, psycopg 3 (the chat
+# page: uvicorn, real workers, Redis). Screenshots in artifacts/screenshots/.
 # Without Chromium (and no way to install it) the tier is skipped, saying so.
 test-browser: install chromium
 	AGENTRUN_CHROMIUM=$(CHROMIUM) DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest tests/browser -q -rs
@@ -126,6 +127,11 @@ test-release: install
 # The seed's scenario with real processes; SQLite and a server-less broker unless told otherwise.
 demo: install
 	$(PYTHON) manage.py agentrun_demo
+
+# The example chat page at http://127.0.0.1:8000/chat/ (user demo, password demo): uvicorn
+# and a Celery worker on Redis (CHAT_ARGS="--redis-url redis://host:6379/0 --port 8001").
+chat: install
+	$(PYTHON) manage.py agentrun_chat $(CHAT_ARGS)
 
 bench: install
 	DATABASE_URL=$(PG_URL) $(PYTHON) bench/run.py
