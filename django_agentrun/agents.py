@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import inspect
 import logging
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any
 
+import anthropic
+import pydantic
+from django.conf import settings
+
 from .conf import agentrun_settings
-from .exceptions import ConfigurationError, UnknownAgent
+from .exceptions import ConfigurationError, InvalidOption, UnknownAgent
 from .tools import Tool
 
 logger = logging.getLogger(__name__)
@@ -39,7 +47,7 @@ class Agent:
         name: str,
         *,
         model: str | None = None,
-        system: str = "",
+        system: str | list[dict[str, Any]] = "",
         tools: list[Tool] | tuple[Tool, ...] = (),
         max_turns: int | None = None,
         max_tool_calls_per_turn: int | None = None,
@@ -50,6 +58,17 @@ class Agent:
         deadline: timedelta | None = None,
         approval_timeout: timedelta | None = None,
         prompt_caching: bool | None = None,
+        thinking: str | None = None,
+        thinking_display: str | None = None,
+        effort: str | None = None,
+        output_format: Any = None,
+        strict_tools: bool = False,
+        tool_choice: str | Mapping[str, Any] | None = None,
+        parallel_tool_use: bool | None = None,
+        stop_sequences: list[str] | tuple[str, ...] = (),
+        service_tier: str | None = None,
+        continue_on_max_tokens: bool = False,
+        context: Callable[[], str] | None = None,
         register: bool = True,
     ) -> None:
         if not name:
@@ -62,7 +81,7 @@ class Agent:
             raise ConfigurationError(f"Agent {name}: duplicate tool names {names}")
         self.name = name
         self.model = model
-        self.system = system
+        self.system = system_blocks(system, f"Agent {name}")
         self.tools = {t.name: t for t in tools}
         self.max_turns = max_turns
         self.max_tool_calls_per_turn = max_tool_calls_per_turn
@@ -73,6 +92,27 @@ class Agent:
         self.deadline = deadline
         self.approval_timeout = approval_timeout
         self.prompt_caching = prompt_caching
+        self.options = {
+            "thinking": thinking,
+            "thinking_display": thinking_display,
+            "effort": effort,
+            "tool_choice": tool_choice,
+            "parallel_tool_use": parallel_tool_use,
+            "stop_sequences": stop_sequences,
+            "service_tier": service_tier,
+        }
+        # Checked now, so a mistake fails where the agent is defined (ConfigurationError).
+        try:
+            request_options(self.options, tool_names=names)
+        except InvalidOption as exc:
+            raise ConfigurationError(f"Agent {name}: {exc}") from None
+        self.output_format = output_format
+        self.output_schema = output_schema(output_format, f"Agent {name}")
+        self.strict_tools = bool(strict_tools)
+        self.continue_on_max_tokens = bool(continue_on_max_tokens)
+        if context is not None and not callable(context):
+            raise ConfigurationError(f"Agent {name}: context must be a callable returning text")
+        self.context = context
         if max_turns is not None and max_turns < 1:
             raise ConfigurationError(f"Agent {name}: max_turns must be at least 1")
         if repeat_window is not None and repeat_window < 1:
@@ -83,13 +123,40 @@ class Agent:
     def __repr__(self) -> str:
         return f"<Agent {self.name}>"
 
-    def snapshot(self) -> dict[str, Any]:
-        """The configuration a run keeps, so later code changes don't alter its limits."""
+    def snapshot(self, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The configuration a run keeps, so later code changes don't alter its limits.
+
+        `overrides`: a run's own request options (`RUN_OPTIONS`), checked here (InvalidOption)."""
         s = agentrun_settings
+        options = dict(self.options)
+        continue_on_max_tokens = self.continue_on_max_tokens
+        if overrides:
+            unknown = sorted(set(overrides) - set(RUN_OPTIONS))
+            if unknown:
+                raise InvalidOption(
+                    f"Unknown run option(s) {', '.join(unknown)}; a run may set "
+                    f"{', '.join(RUN_OPTIONS)}."
+                )
+            options.update({k: v for k, v in overrides.items() if k in options})
+            if "continue_on_max_tokens" in overrides:
+                if not isinstance(overrides["continue_on_max_tokens"], bool):
+                    raise InvalidOption("continue_on_max_tokens must be true or false.")
+                continue_on_max_tokens = overrides["continue_on_max_tokens"]
+        params = request_options(options, tool_names=list(self.tools))
+        if self.output_schema is not None:
+            params.setdefault("output_config", {})["format"] = {
+                "type": "json_schema",
+                "schema": self.output_schema,
+            }
+        tools = [t.definition() for t in self.tools.values()]
+        if self.strict_tools:
+            tools = [strict_tool(t) for t in tools]
         return {
             "model": self.model or s.DEFAULT_MODEL,
             "system": self.system,
-            "tools": [t.definition() for t in self.tools.values()],
+            "tools": tools,
+            "options": params,
+            "continue_on_max_tokens": continue_on_max_tokens,
             "side_effects": {t.name: str(t.side_effect) for t in self.tools.values()},
             "max_turns": self.max_turns or s.DEFAULT_MAX_TURNS,
             "max_tool_calls_per_turn": self.max_tool_calls_per_turn
@@ -107,6 +174,186 @@ class Agent:
                 self.approval_timeout.total_seconds() if self.approval_timeout else None
             ),
         }
+
+
+# Request options, as the installed SDK's MessageCreateParams (and its ThinkingConfig*,
+# OutputConfig and ToolChoice* params) spell them.
+THINKING = ("adaptive", "off")
+THINKING_DISPLAY = ("summarized", "omitted")
+EFFORT = ("low", "medium", "high", "xhigh", "max")
+SERVICE_TIER = ("auto", "standard_only")
+TOOL_CHOICE = ("auto", "none", "any", "tool")
+# What a run may set for itself (start_run(options=...), POST /runs/ "options").
+RUN_OPTIONS = (
+    "thinking",
+    "thinking_display",
+    "effort",
+    "service_tier",
+    "stop_sequences",
+    "parallel_tool_use",
+    "continue_on_max_tokens",
+)
+
+
+def _one_of(name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value is not None and value not in allowed:
+        raise InvalidOption(f"{name} must be one of {', '.join(allowed)}; got {value!r}.")
+
+
+def request_options(options: Mapping[str, Any], *, tool_names: list[str]) -> dict[str, Any]:
+    """The Messages API params for the options an agent (or a run) sets: thinking,
+    output_config.effort, tool_choice, stop_sequences, service_tier; left out when unset.
+    InvalidOption naming the option for a bad value."""
+    params: dict[str, Any] = {}
+    thinking, display = options.get("thinking"), options.get("thinking_display")
+    _one_of("thinking", thinking, THINKING)
+    _one_of("thinking_display", display, THINKING_DISPLAY)
+    if display is not None and thinking != "adaptive":
+        raise InvalidOption('thinking_display needs thinking="adaptive".')
+    if thinking == "adaptive":
+        params["thinking"] = {"type": "adaptive", **({"display": display} if display else {})}
+    elif thinking == "off":
+        params["thinking"] = {"type": "disabled"}
+    effort = options.get("effort")
+    _one_of("effort", effort, EFFORT)
+    if effort is not None:
+        params["output_config"] = {"effort": effort}
+    choice = options.get("tool_choice")
+    if isinstance(choice, str):
+        choice = {"type": choice}
+    if choice is not None:
+        if not isinstance(choice, Mapping) or choice.get("type") not in TOOL_CHOICE:
+            raise InvalidOption(f"tool_choice must be one of {', '.join(TOOL_CHOICE)}.")
+        choice = dict(choice)
+        if choice["type"] == "tool" and choice.get("name") not in tool_names:
+            raise InvalidOption(f"tool_choice names no tool of the agent: {choice.get('name')!r}.")
+        if choice["type"] in ("auto", "none", "any") and set(choice) - {
+            "type",
+            "disable_parallel_tool_use",
+        }:
+            raise InvalidOption(f"tool_choice {choice['type']!r} takes no other keys.")
+    parallel = options.get("parallel_tool_use")
+    if parallel is not None:
+        if not isinstance(parallel, bool):
+            raise InvalidOption("parallel_tool_use must be true or false.")
+        if choice is None:
+            choice = {"type": "auto"}
+        if choice["type"] == "none":
+            raise InvalidOption('parallel_tool_use does not apply to tool_choice "none".')
+        if not parallel:
+            choice["disable_parallel_tool_use"] = True
+    if choice is not None:
+        params["tool_choice"] = choice
+    stops = options.get("stop_sequences") or ()
+    if isinstance(stops, str) or not all(isinstance(x, str) and x.strip() for x in stops):
+        raise InvalidOption("stop_sequences must be a list of non-blank strings.")
+    if stops:
+        params["stop_sequences"] = list(stops)
+    tier = options.get("service_tier")
+    _one_of("service_tier", tier, SERVICE_TIER)
+    if tier is not None:
+        params["service_tier"] = tier
+    return params
+
+
+def agent_request_params(agent_or_config: Agent | Mapping[str, Any]) -> dict[str, Any]:
+    """The Messages API params a run of an agent (or of a run's config snapshot) sends
+    beside its messages: model, max_tokens, system, tools and the options, what
+    `catalog.refusals(model, params)` checks (at manage.py check and at start_run)."""
+    config = agent_or_config.snapshot() if isinstance(agent_or_config, Agent) else agent_or_config
+    params: dict[str, Any] = {"model": config["model"], "max_tokens": config["max_tokens"]}
+    if config.get("system"):
+        params["system"] = config["system"]
+    if config.get("tools"):
+        params["tools"] = list(config["tools"])
+    params.update(config.get("options") or {})
+    return params
+
+
+def system_blocks(system: Any, where: str) -> str | list[dict[str, Any]]:
+    """A system prompt: text, or text blocks (`{"type": "text", "text": ...}`, optionally
+    `cache_control`) as the Messages API takes them."""
+    if isinstance(system, str):
+        return system
+    if not isinstance(system, list | tuple):
+        raise ConfigurationError(f"{where}: system must be text or a list of text blocks")
+    blocks = []
+    for i, block in enumerate(system):
+        if (
+            not isinstance(block, Mapping)
+            or block.get("type") != "text"
+            or not isinstance(block.get("text"), str)
+            or not block["text"].strip()
+            or set(block) - {"type", "text", "cache_control"}
+        ):
+            raise ConfigurationError(
+                f'{where}: system[{i}] must be a text block {{"type": "text", "text": "..."}} '
+                "with non-blank text"
+            )
+        blocks.append(dict(block))
+    return blocks
+
+
+def output_schema(output_format: Any, where: str) -> dict[str, Any] | None:
+    """The JSON schema of `output_config.format`: from a pydantic model (made strict the
+    way the SDK does it) or a JSON schema given as is, which must be strict already."""
+    if output_format is None:
+        return None
+    if inspect.isclass(output_format) and issubclass(output_format, pydantic.BaseModel):
+        schema = anthropic.transform_schema(output_format)
+    elif isinstance(output_format, Mapping):
+        schema = dict(output_format)
+    else:
+        raise ConfigurationError(
+            f"{where}: output_format must be a pydantic model class or a JSON schema (a dict)"
+        )
+    problem = schema_problem(schema)
+    if problem:
+        raise ConfigurationError(f"{where}: output_format: {problem}")
+    return schema
+
+
+def schema_problem(schema: Any, path: str = "schema") -> str | None:
+    """What structured outputs refuse in a JSON schema: the root must be an object, and
+    every object must set additionalProperties to false. None when well-formed."""
+    if not isinstance(schema, Mapping):
+        return f"{path} must be a JSON object"
+    if path == "schema" and schema.get("type") != "object":
+        return 'the root of the schema must be {"type": "object", ...}'
+    if schema.get("type") == "object" and schema.get("additionalProperties") is not False:
+        return f"{path}: an object schema must set additionalProperties to false"
+    for key in ("properties", "$defs", "definitions"):
+        for name, sub in (schema.get(key) or {}).items():
+            problem = schema_problem(sub, f"{path}.{key}.{name}")
+            if problem:
+                return problem
+    for key in ("anyOf", "allOf", "oneOf", "prefixItems"):
+        for k, sub in enumerate(schema.get(key) or ()):
+            problem = schema_problem(sub, f"{path}.{key}.{k}")
+            if problem:
+                return problem
+    if isinstance(schema.get("items"), Mapping):
+        return schema_problem(schema["items"], f"{path}.items")
+    return None
+
+
+def strict_tool(definition: dict[str, Any]) -> dict[str, Any]:
+    """A tool definition with `strict: true` and its input schema made strict."""
+    return {
+        **definition,
+        "input_schema": anthropic.transform_schema(definition["input_schema"]),
+        "strict": True,
+    }
+
+
+def owner_user_id(owner: Any) -> str | None:
+    """`metadata.user_id` for a run's owner: an opaque HMAC of its primary key (keyed by
+    SECRET_KEY, salted), never an e-mail or a name; None without an owner."""
+    pk = getattr(owner, "pk", None)
+    if pk is None:
+        return None
+    key = hashlib.sha256(b"django_agentrun.metadata.user_id" + settings.SECRET_KEY.encode())
+    return hmac.new(key.digest(), str(pk).encode(), hashlib.sha256).hexdigest()[:32]
 
 
 def get_agent(name: str) -> Agent:

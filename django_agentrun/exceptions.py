@@ -84,6 +84,18 @@ class InvalidInput(AgentRunError, ValueError):
     code = "invalid_input"
 
 
+class InvalidOption(InvalidInput):
+    """A request option (of an agent or a run) has a value the Messages API refuses."""
+
+    code = "invalid_option"
+
+
+class OptionRefused(InvalidOption):
+    """The agent's model refuses a request option the agent or the run sets."""
+
+    code = "option_refused"
+
+
 class IdempotencyConflict(AgentRunError):
     """A run with this idempotency key exists with a different agent or input."""
 

@@ -1,10 +1,8 @@
 """Each change of a run, turn or tool call: its state move (django-fsm, in memory, through
 moves.py, which only this module imports), its row change and its event, added to a write
-(store.Write) that the caller sends. Shared by the engine, the services and the reaper;
-none of them changes a state field any other way.
-
-Side effects (wake-ups, signals) are added to the write and happen after it commits.
-"""
+(store.Write) that the caller sends; side effects (wake-ups, signals) happen after it
+commits. Shared by the engine, the services and the reaper; none of them changes a state
+field any other way."""
 
 from __future__ import annotations
 
@@ -295,12 +293,13 @@ def hand_off(write: Write, run: Run) -> None:
     wake(write, run.pk)
 
 
-def complete_run(write: Write, run: Run, stop_reason: str, output: dict[str, Any]) -> None:
+def complete_run(write: Write, run: Run, stop_reason: str, output: Any, parsed: Any = None) -> None:
     _move_run(write, run, RunState.COMPLETED)
     totals = {k: getattr(run, k) + write.counters.get(k, 0) for k in run.usage()}
-    write.record(payloads.run_completed(run, stop_reason, output, totals))
+    write.record(payloads.run_completed(run, stop_reason, output, totals, parsed))
     release(write)
     write.set_run(output=output, stop_reason=stop_reason, finished_at=timezone.now())
+    write.set_run(**({} if parsed is None else {"parsed_output": parsed}))
     _ended(write, run)
 
 

@@ -247,6 +247,7 @@ def assert_projection_matches(run: Run) -> None:
                 for c in sorted(t.tool_calls.all(), key=lambda c: c.position)
                 if c.is_closed
             ],
+            t.stop_reason,
         )
         for t in turns
     ]

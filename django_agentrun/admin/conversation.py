@@ -11,6 +11,7 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
+from django.utils.translation import gettext as _
 
 from ..events import EventType
 from ..models import Run, ToolCall
@@ -49,6 +50,8 @@ NOTABLE = (
     EventType.RUN_FAILED,
 )
 WORDS = "agentrun-words"
+# Summarized thinking: shown apart from (and quieter than) the answer.
+THINKING = "agentrun-words agentrun-thinking"
 # Which turn an event belongs to: the last one started before it.
 _TURN_MARK = EventType.TURN_STARTED
 
@@ -91,6 +94,13 @@ def words(turn: Any) -> list[SafeString]:
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text":
             shown.append(folded_text(printable(str(block.get("text", ""))), url, css=WORDS))
+        elif kind == "thinking" and block.get("thinking"):
+            # Summarized thinking, apart from the answer (signatures are never shown).
+            shown.append(format_html('<p class="quiet">{}</p>', _("Thinking (summarized):")))
+            shown.append(folded_text(printable(str(block["thinking"])), url, css=THINKING))
+        elif kind in ("thinking", "redacted_thinking"):
+            label = _("[thinking omitted]") if kind == "thinking" else _("[redacted thinking]")
+            shown.append(format_html('<p class="quiet">{}</p>', label))
         elif kind != "tool_use":
             shown.append(format_html('<p class="quiet">{}</p>', _block_label(block)))
     return shown

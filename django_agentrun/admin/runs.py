@@ -15,7 +15,7 @@ from django.utils.translation import gettext_lazy as _
 from django.views.decorators.http import require_POST
 
 from .. import services
-from ..events import redact_secrets
+from ..events import redact_secrets, shown_content
 from ..exceptions import AgentRunError
 from ..models import Run, RunEvent, ToolCall, Turn
 from ..permissions import can_act_on_run
@@ -42,7 +42,7 @@ MAX_TIMELINE_EVENTS = 500
 MAX_CONVERSATION_TURNS = 50
 RUN_VALUES = {
     "input": lambda run: run.input,
-    "output": lambda run: run.output,
+    "output": lambda run: redact_secrets(run.output),
     "metadata": lambda run: run.metadata,
     "config": lambda run: run.config,
 }
@@ -156,7 +156,7 @@ class RunAdmin(VisibleRunsMixin, ForkViewsMixin, ValueViewMixin, RunActionsMixin
 
     def value(self, obj: Run, name: str) -> Any:
         if name.startswith("turn-"):
-            return obj.turns.get(index=int(name.removeprefix("turn-"))).content
+            return shown_content(obj.turns.get(index=int(name.removeprefix("turn-"))).content)
         return super().value(obj, name)
 
     # ----------------------------------------------------------------- columns
@@ -179,7 +179,7 @@ class RunAdmin(VisibleRunsMixin, ForkViewsMixin, ValueViewMixin, RunActionsMixin
 
     @admin.display(description=_("output"))
     def output_display(self, obj: Run) -> SafeString:
-        return pretty_json(obj.output, FIELD_FOLD_CHARS, value_url(obj, "output"))
+        return pretty_json(redact_secrets(obj.output), FIELD_FOLD_CHARS, value_url(obj, "output"))
 
     @admin.display(description=_("configuration snapshot"))
     def config_display(self, obj: Run) -> SafeString:

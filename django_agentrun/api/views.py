@@ -34,7 +34,7 @@ from rest_framework.response import Response
 from rest_framework.settings import api_settings
 
 from .. import services
-from ..exceptions import InvalidInput, UnknownAgent
+from ..exceptions import InvalidInput, InvalidOption, OptionRefused, UnknownAgent
 from ..models import Run, ToolCall, Turn
 from ..states import RunState
 from . import serializers as s
@@ -178,11 +178,16 @@ class RunViewSet(
                 metadata=data.get("metadata"),
                 correlation_id=data.get("correlation_id") or None,
                 deadline=data.get("deadline"),
+                options=data.get("options"),
+                context=data.get("context"),
             )
         except UnknownAgent as exc:
             raise ValidationError({"agent": [str(exc)]}) from exc
+        except OptionRefused:
+            raise  # option_refused: a 400 naming the option and the model
         except InvalidInput as exc:
-            raise ValidationError({"input": [str(exc)]}) from exc
+            field = "options" if isinstance(exc, InvalidOption) else "input"
+            raise ValidationError({field: [str(exc)]}) from exc
         return self._detail(run, status.HTTP_200_OK if existed else status.HTTP_201_CREATED)
 
     @operation(

@@ -173,6 +173,8 @@ class AnthropicModelClient:
             model=message.model or request.model,
             usage=Usage.from_mapping(message.usage),
             request_id=request_id,
+            stop_details=_stop_details(message),
+            thinking_tokens=_thinking_tokens(message.usage),
         )
 
     # -- helpers ---------------------------------------------------------------------------
@@ -237,6 +239,8 @@ class AnthropicModelClient:
             "metadata": dict(request.metadata),
         }
         params.update({key: value for key, value in optional.items() if value})
+        for key, value in request.options.items():
+            params.setdefault(key, value)  # what the engine set for this request wins
         return params
 
     def _model_error(self, exc: Exception, stream: Any) -> Exception:
@@ -288,6 +292,16 @@ class AnthropicModelClient:
         if key and key in message:
             message = message.replace(key, "[redacted]")
         return message
+
+
+def _stop_details(message: Any) -> dict[str, Any] | None:
+    details = getattr(message, "stop_details", None)
+    return details.model_dump(mode="json") if details is not None else None
+
+
+def _thinking_tokens(usage: Any) -> int:
+    details = getattr(usage, "output_tokens_details", None)
+    return int(getattr(details, "thinking_tokens", 0) or 0)
 
 
 def _delta(event: Any) -> dict[str, Any] | None:

@@ -100,6 +100,9 @@ class ModelRequest:
     cache_prefix: bool = True
     stop_sequences: list[str] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
+    # Further request params, named as the SDK's MessageCreateParams names them (thinking,
+    # output_config, service_tier, ...): the agent's options (agents.request_options).
+    options: dict[str, Any] = field(default_factory=dict)
     # Where a streaming client hands each delta as it arrives (`DELTA_KINDS`); None: nowhere.
     # Not part of the request sent: a client that cannot stream ignores it.
     on_event: Callable[[dict[str, Any]], None] | None = field(
@@ -141,6 +144,10 @@ class ModelResponse:
     model: str = ""
     request_id: str = ""
     stop_sequence: str | None = None
+    # The response's stop_details (a refusal's category and explanation), when it has them.
+    stop_details: dict[str, Any] | None = None
+    # usage.output_tokens_details.thinking_tokens: of the output tokens, the reasoning's.
+    thinking_tokens: int = 0
 
 
 class ModelError(AgentRunError):

@@ -11,10 +11,12 @@ result with what follows it.
 
 from __future__ import annotations
 
+import json
 import logging
 from datetime import timedelta
 from typing import Any
 
+import jsonschema
 from django.utils import timezone
 
 from .. import signals, transitions
@@ -78,14 +80,56 @@ def after_turn(step: Step, write: Write, turn: Turn) -> Then:
     return Then.HAND_OFF
 
 
-def complete(step: Step, write: Write, stop_reason: str) -> None:
-    final = next((t for t in reversed(step.turns) if t.content), None)
-    output = {
-        "text": text_of(final.content if final else None),
+def complete(
+    step: Step, write: Write, stop_reason: str, *, refusal: dict[str, Any] | None = None
+) -> None:
+    """The run completes with its final answer (the text of the turns that continued an
+    answer cut off at max_tokens joined to it); with structured output, parsed and
+    validated, or the run fails with `invalid_structured_output`."""
+    answered = [t for t in step.turns if t.content]
+    final = answered[-1] if answered else None
+    parts = answered[-1:]
+    for earlier in reversed(answered[:-1]):
+        if earlier.stop_reason != "max_tokens" or step.calls_of(earlier):
+            break
+        parts.insert(0, earlier)
+    output: dict[str, Any] = {
+        "text": "".join(text_of(t.content) for t in parts),
         "content": final.content if final else [],
     }
-    transitions.complete_run(write, step.run, stop_reason, output)
+    if refusal is not None:
+        output["refusal"] = refusal
+    parsed = None
+    schema = ((step.config.get("options") or {}).get("output_config") or {}).get("format")
+    if schema and refusal is None:
+        parsed, problem = structured(output["text"], schema["schema"], stop_reason)
+        if problem:
+            transitions.fail_run(
+                write,
+                step.run,
+                code="invalid_structured_output",
+                message=problem[:2000],
+                phase="model",
+            )
+            logger.warning("Run failed run_id=%s code=invalid_structured_output", step.run.pk)
+            return
+    transitions.complete_run(write, step.run, stop_reason, output, parsed)
     logger.info("Run completed run_id=%s stop_reason=%s", step.run.pk, stop_reason)
+
+
+def structured(text: str, schema: dict[str, Any], stop_reason: str) -> tuple[Any, str]:
+    """(the answer parsed as JSON, "") when it follows `schema`, else (None, the problem)."""
+    cut = " (the answer was cut off at max_tokens)" if stop_reason == "max_tokens" else ""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        return None, f"The final answer is not valid JSON{cut}: {exc}"
+    try:
+        jsonschema.validate(value, schema, cls=jsonschema.Draft202012Validator)
+    except jsonschema.ValidationError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
+        return None, f"The final answer does not follow the output schema at {where}: {exc.message}"
+    return value, ""
 
 
 def fail(

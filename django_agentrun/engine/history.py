@@ -23,6 +23,21 @@ class TurnRecord:
     index: int
     content: list[dict[str, Any]] | None
     results: list[dict[str, Any]] = field(default_factory=list)
+    stop_reason: str = ""
+
+    @property
+    def cut_off(self) -> bool:
+        """A text answer cut off at max_tokens: a turn after it continues it."""
+        return self.stop_reason == "max_tokens" and not self.results and bool(self.content)
+
+
+# Between an answer cut off at max_tokens and the turn that continues it (an Agent with
+# continue_on_max_tokens): a user message, valid for every model (current models refuse an
+# assistant prefill), kept in the history like the turns around it.
+CONTINUE_NOTICE = (
+    "Your previous answer was cut off by the output token limit. Continue exactly where it "
+    "stopped, without repeating anything."
+)
 
 
 @dataclass
@@ -61,12 +76,16 @@ def build_messages(
 
 def _add(messages: list[dict[str, Any]], input: Any, context: str, turns: Iterable[TurnRecord]):
     add_user(messages, user_message(input, context))
+    cut_off = False
     for turn in sorted(turns, key=lambda t: t.index):
         if not turn.content:
             continue  # no response recorded (cancelled or failed before it)
+        if cut_off:
+            add_user(messages, user_message(CONTINUE_NOTICE))
         messages.append({"role": "assistant", "content": turn.content})
         if turn.results:
             messages.append({"role": "user", "content": list(turn.results)})
+        cut_off = turn.cut_off
 
 
 def add_user(messages: list[dict[str, Any]], message: dict[str, Any]) -> None:

@@ -21,6 +21,7 @@ from ..models import Turn
 from ..states import ToolCallState, TurnState
 from . import endings, guards
 from .history import (
+    CONTINUE_NOTICE,
     TurnRecord,
     add_user,
     build_messages,
@@ -59,17 +60,23 @@ def ask(step: Step, turn: Turn) -> Commit:
 
 def request(step: Step, turn: Turn) -> ModelRequest:
     config = step.config
-    system: list[dict[str, Any]] = []
-    if config.get("system"):
-        system.append({"type": "text", "text": config["system"]})
+    system = config.get("system") or []
+    if isinstance(system, str):
+        system = [{"type": "text", "text": system}]
     run = step.run
-    messages = build_messages(run.input, _records(step), context=run.context, earlier=step.earlier)
-    tool_choice = None
+    records = _records(step)
+    messages = build_messages(run.input, records, context=run.context, earlier=step.earlier)
+    options = dict(config.get("options") or {})
+    tool_choice = options.pop("tool_choice", None)
+    if records and records[-1].cut_off:
+        add_user(messages, user_message(CONTINUE_NOTICE))  # continue_on_max_tokens
     if turn.is_final:
         # In the last user message, never in the system prompt: the system prompt (and the
         # tools) must be what they were when any thinking block of the history was made.
         add_user(messages, user_message(guards.FINAL_TURN_NOTICE))
         tool_choice = {"type": "none"} if config.get("tools") else None
+    if not config.get("tools"):
+        tool_choice = None  # the API refuses a tool_choice without tools
     return ModelRequest(
         model=config["model"],
         messages=messages,
@@ -78,6 +85,9 @@ def request(step: Step, turn: Turn) -> ModelRequest:
         tools=list(config.get("tools") or []),
         tool_choice=tool_choice,
         cache_prefix=bool(config.get("prompt_caching", True)),
+        stop_sequences=list(options.pop("stop_sequences", None) or ()),
+        metadata=dict(config.get("metadata") or {}),
+        options=options,
     )
 
 
@@ -92,6 +102,7 @@ def _records(step: Step) -> list[TurnRecord]:
                 index=t.index,
                 content=t.content,
                 results=[c.tool_result_block() for c in step.calls_of(t) if c.is_closed],
+                stop_reason=t.stop_reason,
             )
             if t.state == TurnState.COMPLETED:
                 step.records[t.index] = record
@@ -158,6 +169,10 @@ def record(step: Step, turn: Turn, response: ModelResponse, retries: int) -> Com
         else None
     )
     event = payloads.model_response(turn, response, content, billed, cost)
+    if response.stop_details:
+        event[1]["stop_details"] = response.stop_details
+    if response.thinking_tokens:
+        event[1]["thinking_tokens"] = response.thinking_tokens
     answer: dict[str, Any] = dict(
         message_id=response.message_id,
         request_id=response.request_id,
@@ -200,10 +215,13 @@ def record(step: Step, turn: Turn, response: ModelResponse, retries: int) -> Com
     if any(not c.is_closed for c in calls):
         transitions.await_tools(write, run)
         event[1]["run_state"] = run.state
-    return Commit(write, _then(step, write, turn, calls, stop), ("model.after_commit", None))
+    then = _then(step, write, turn, calls, stop, response)
+    return Commit(write, then, ("model.after_commit", None))
 
 
-def _then(step: Step, write: Any, turn: Turn, calls: list[Any], stop: str) -> Then:
+def _then(
+    step: Step, write: Any, turn: Turn, calls: list[Any], stop: str, response: ModelResponse
+) -> Then:
     if any(not c.is_closed for c in calls):
         first = next(c for c in calls if not c.is_closed)
         if first.state == ToolCallState.REQUESTED:
@@ -217,8 +235,13 @@ def _then(step: Step, write: Any, turn: Turn, calls: list[Any], stop: str) -> Th
         step.turns_done += 1
         endings.complete(step, write, "max_turns")
         return Then.FINISH
-    if stop == "pause_turn":
+    if stop == "pause_turn" or (stop == "max_tokens" and step.config.get("continue_on_max_tokens")):
         return endings.after_turn(step, write, turn)
     step.turns_done += 1
-    endings.complete(step, write, stop)
+    refusal = None
+    if stop == "refusal":
+        # The model that answered (the API may have fallen back to another) and why.
+        refusal = {"model": response.model, **(response.stop_details or {})}
+        refusal.pop("type", None)
+    endings.complete(step, write, stop, refusal=refusal)
     return Then.FINISH

@@ -41,6 +41,7 @@ def project(events: Iterable[Any]) -> Projection:
     out = Projection()
     run_input: Any = None
     contents: dict[int, list[dict[str, Any]]] = {}
+    stops: dict[int, str] = {}
     positions: dict[tuple[int, str], int] = {}
     results: dict[tuple[int, str], dict[str, Any]] = {}
     for seq, kind, payload in sorted(_triples(events), key=lambda e: e[0]):
@@ -64,6 +65,7 @@ def project(events: Iterable[Any]) -> Projection:
         elif kind == EventType.MODEL_RESPONSE:
             if not payload.get("discarded"):
                 contents[payload["turn_index"]] = payload["content"]
+                stops[payload["turn_index"]] = payload.get("stop_reason") or ""
             for name in USAGE_KEYS:
                 out.usage[name] += int(payload["usage"].get(name, 0))
         elif kind == EventType.TOOL_CALL_REQUESTED:
@@ -90,7 +92,8 @@ def project(events: Iterable[Any]) -> Projection:
     records = []
     for index, content in contents.items():
         keys = sorted((k for k in positions if k[0] == index), key=positions.get)
-        records.append(TurnRecord(index, content, [results[k] for k in keys if k in results]))
+        results_of = [results[k] for k in keys if k in results]
+        records.append(TurnRecord(index, content, results_of, stops.get(index, "")))
     out.messages = build_messages(run_input, records, context=out.context)
     out.segment = Segment(run_input, out.context, records)
     return out

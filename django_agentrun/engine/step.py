@@ -143,7 +143,9 @@ class Step:
                 for c in calls.get((turn.run_id, turn.index), ())
                 if c.is_closed
             ]
-            turns.setdefault(turn.run_id, []).append(TurnRecord(turn.index, turn.content, results))
+            turns.setdefault(turn.run_id, []).append(
+                TurnRecord(turn.index, turn.content, results, turn.stop_reason)
+            )
         self.earlier = [Segment(r.input, r.context, turns.get(r.pk, [])) for r in earlier.runs]
         self.earlier_ids = {c.tool_call_id for c in earlier.calls}
 

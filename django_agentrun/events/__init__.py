@@ -11,6 +11,8 @@ from .public import (
     SECRET_KEYS,
     public_payload,
     redact_secrets,
+    shown_content,
+    thinking_text,
 )
 from .types import EventType
 
@@ -23,4 +25,6 @@ __all__ = [
     "payloads",
     "public_payload",
     "redact_secrets",
+    "shown_content",
+    "thinking_text",
 ]

@@ -47,6 +47,8 @@ def run_created(run: Any, owner: Any) -> Event:
         "owner": user_id(owner),
         "deadline": _iso(run.deadline),
     }
+    if run.context:
+        payload["context"] = run.context  # start_run(context=...) or the agent's hook
     if run.conversation_id is not None:
         payload.update(
             conversation=str(run.conversation_id),
@@ -92,14 +94,22 @@ def run_failed(run: Any, code: str, message: str, phase: str, checkpoint: int) -
     }
 
 
-def run_completed(run: Any, stop_reason: str, output: Any, usage: dict[str, int]) -> Event:
-    """The output's text; its content is the last answer's, recorded with that answer."""
-    return EventType.RUN_COMPLETED, {
+def run_completed(
+    run: Any, stop_reason: str, output: Any, usage: dict[str, int], parsed: Any = None
+) -> Event:
+    """The output's text; its content is the last answer's, recorded with that answer. A
+    refusal's details and a structured output's parsed value, when there are any."""
+    payload = {
         "run_state": run.state,
         "stop_reason": stop_reason,
         "output": {"text": output.get("text", "")} if isinstance(output, dict) else output,
         "usage": usage,
     }
+    if isinstance(output, dict) and "refusal" in output:
+        payload["refusal"] = output["refusal"]
+    if parsed is not None:
+        payload["parsed_output"] = parsed
+    return EventType.RUN_COMPLETED, payload
 
 
 def run_continued(run: Any) -> Event:

@@ -67,7 +67,7 @@ ALLOWLIST: dict[str, Spec] = {
     EventType.RUN_TIMED_OUT: _keys("reason"),
     EventType.RUN_RESUMED: _keys("by", "from"),
     EventType.RUN_FAILED: _keys("error_code", "error_message", "phase", "last_checkpoint"),
-    EventType.RUN_COMPLETED: _keys("stop_reason", "output", "usage"),
+    EventType.RUN_COMPLETED: _keys("stop_reason", "output", "usage", "refusal", "parsed_output"),
     EventType.RUN_CONTINUED: _keys(),
     EventType.RUN_PARKED: _keys(),
     EventType.RECOVERY: _keys(),
@@ -76,7 +76,9 @@ ALLOWLIST: dict[str, Spec] = {
     EventType.TURN_COMPLETED: _keys(),
     EventType.TURN_CANCELLED: _keys(),
     EventType.TURN_FAILED: _keys(),
-    EventType.MODEL_RESPONSE: _keys("model", "stop_reason", "content", "usage", "cost_usd"),
+    EventType.MODEL_RESPONSE: _keys(
+        "model", "stop_reason", "stop_details", "content", "usage", "thinking_tokens", "cost_usd"
+    ),
     EventType.TOOL_CALL_REQUESTED: _keys("position", "name", "arguments", "side_effect"),
     EventType.TOOL_CALL_STARTED: _keys("attempt"),
     EventType.TOOL_CALL_FINISHED: _keys(*_RESULT),
@@ -97,11 +99,43 @@ _UNLISTED: Spec = _keys()
 # Keys whose values are secrets wherever they are nested (approval tokens).
 SECRET_KEYS = frozenset({"token"})
 REDACTED = "[redacted]"
+# Encrypted reasoning (a redacted_thinking block's data) and a thinking block's signature:
+# never shown, not even to staff.
+_REASONING_SECRETS = frozenset({("data", "redacted_thinking"), ("signature", "thinking")})
 
 
 def public_payload(type: str, payload: Any) -> dict[str, Any]:
     """The part of an event's payload the API may show: its type's allowlisted keys."""
-    return _pick(ALLOWLIST.get(type, _UNLISTED), payload)
+    shown = _pick(ALLOWLIST.get(type, _UNLISTED), payload)
+    if isinstance(shown.get("content"), list):
+        shown["content"] = shown_content(shown["content"])
+    return shown
+
+
+def shown_content(content: Any) -> Any:
+    """Assistant content as people may see it: a thinking block's summarized text without
+    its signature, a redacted_thinking block as its type alone (its data is encrypted
+    reasoning, never shown). The stored content (sent back to the API) is unchanged."""
+    if not isinstance(content, list):
+        return content
+    shown = []
+    for block in content:
+        kind = block.get("type") if isinstance(block, Mapping) else None
+        if kind == "thinking":
+            block = {"type": "thinking", "thinking": block.get("thinking", "")}
+        elif kind == "redacted_thinking":
+            block = {"type": "redacted_thinking"}
+        shown.append(block)
+    return shown
+
+
+def thinking_text(content: Any) -> str:
+    """The summarized thinking of assistant content (empty when omitted or redacted)."""
+    return "\n\n".join(
+        str(block.get("thinking") or "")
+        for block in content or ()
+        if isinstance(block, Mapping) and block.get("type") == "thinking" and block.get("thinking")
+    )
 
 
 def _pick(spec: Spec, payload: Any) -> dict[str, Any]:
@@ -115,16 +149,17 @@ def _pick(spec: Spec, payload: Any) -> dict[str, Any]:
 
 
 def redact_secrets(value: Any) -> Any:
-    """A copy of `value` with every `SECRET_KEYS` value, however deeply nested, replaced by
-    `REDACTED`. Iterative: a stored payload may nest deeper than Python's recursion limit."""
+    """A copy of `value` with every `SECRET_KEYS` value (and a redacted_thinking block's
+    data, a thinking block's signature), however deeply nested, replaced by `REDACTED`. Iterative: a stored payload may nest deeper than Python's recursion limit."""
     root: list[Any] = [None]
     stack: list[tuple[Any, Any, Any]] = [(value, root, 0)]
     while stack:
         source, target, slot = stack.pop()
         if isinstance(source, Mapping):
             copy: dict[Any, Any] = {}
+            kind = source.get("type")
             for key, item in source.items():
-                if key in SECRET_KEYS:
+                if key in SECRET_KEYS or (key, kind) in _REASONING_SECRETS:
                     copy[key] = REDACTED
                 else:
                     copy[key] = None  # keeps the key order; filled in below

@@ -103,6 +103,12 @@ class Run(FSMModelMixin, UsageCounts):
     turn_count = models.PositiveIntegerField(default=0)
 
     output = json_field(null=True, blank=True)
+    parsed_output = json_field(
+        null=True,
+        blank=True,
+        help_text="With structured output (an Agent's output_format): the final answer, "
+        "parsed and validated against the schema.",
+    )
     stop_reason = models.CharField(max_length=64, blank=True)
     error_code = models.CharField(max_length=64, blank=True)
     error_message = models.TextField(blank=True)

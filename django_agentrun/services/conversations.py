@@ -22,13 +22,13 @@ from django.db.models import Max
 from django.utils import timezone
 
 from .. import store, transitions, wakeups
-from ..agents import Agent, get_agent
+from ..agents import Agent, get_agent, registered_agents
 from ..events import payloads
 from ..exceptions import ConversationBusy, IdempotencyConflict, InvalidInput
 from ..fields import check_json, check_text
 from ..models import Conversation, Run, RunEvent
 from ..states import RUN_ACTIVE, ConversationPolicy
-from .runs import add_cancel, validate_input
+from .runs import add_cancel, run_config, validate_input
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ def start_conversation(
     agent_obj = get_agent(agent) if isinstance(agent, str) else agent
     conversation = Conversation.objects.create(
         agent=agent_obj.name,
-        config=agent_obj.snapshot(),
+        config=run_config(agent_obj, owner),
         owner=owner,
         policy=_policy(policy),
         metadata=_metadata(metadata),
@@ -96,6 +96,14 @@ def send_message(
     them out of the history from now on. With an idempotency key (unique per owner, as
     for runs) a repeated message returns the first run and changes nothing."""
     input = validate_input(input)
+    if context is None:
+        # The agent's context hook (a date, a mode), called once: stored on the run.
+        name = getattr(conversation, "agent", None)
+        if name is None:
+            name = Conversation.objects.filter(pk=conversation).values_list("agent", flat=True)
+            name = name.first()
+        agent = registered_agents().get(name or "")
+        context = agent.context() if agent is not None and agent.context is not None else None
     if context is not None and not isinstance(context, str):
         raise InvalidInput("context must be a string.")
     check_text(context, "The context")

@@ -11,14 +11,16 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from .. import store, transitions, wakeups
-from ..agents import Agent, get_agent
+from .. import catalog, store, transitions, wakeups
+from ..agents import Agent, agent_request_params, get_agent, owner_user_id
 from ..content import BLOCK_TYPES, has_cache_control, validate_blocks
 from ..events import payloads
 from ..exceptions import (
     IdempotencyConflict,
     InvalidInput,
+    InvalidOption,
     InvalidTransition,
+    OptionRefused,
     RunNotActive,
     UnknownAgent,
 )
@@ -74,6 +76,35 @@ def validate_input(value: Any) -> Any:
     )
 
 
+def run_config(
+    agent: Agent, owner: Any = None, options: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The configuration snapshot a run (or a conversation) keeps: the agent's, with the
+    run's own `options` (agents.RUN_OPTIONS) and `metadata.user_id` (an opaque id of the
+    owner). InvalidInput for a bad option, OptionRefused for one the model refuses."""
+    if options is not None and not isinstance(options, dict):
+        raise InvalidOption("options must be a JSON object.")
+    config = agent.snapshot(options)
+    refused = catalog.refusals(config["model"], agent_request_params(config))
+    if refused:
+        raise OptionRefused(f"Agent {agent.name}: " + "; ".join(refused) + ".")
+    user_id = owner_user_id(owner)
+    if user_id is not None:
+        config["metadata"] = {"user_id": user_id}
+    return config
+
+
+def run_context(agent: Agent, context: str | None) -> str:
+    """A run's context: the given text, else the agent's `context` hook's, called once
+    now: stored on the run, the same text goes with every turn and every replay."""
+    if context is None and agent.context is not None:
+        context = agent.context()
+    if context is not None and not isinstance(context, str):
+        raise InvalidInput("context must be a string.")
+    check_text(context, "The context")
+    return context if context and context.strip() else ""
+
+
 def start_run(
     agent: str | Agent,
     input: Any,
@@ -83,14 +114,21 @@ def start_run(
     metadata: dict[str, Any] | None = None,
     correlation_id: str | None = None,
     deadline: datetime | timedelta | None = None,
+    options: dict[str, Any] | None = None,
+    context: str | None = None,
 ) -> Run:
     """Create a queued run of `agent` and enqueue it on commit.
 
     With an idempotency key, a second call with the same key (per owner) returns
-    the first run instead of creating another.
+    the first run instead of creating another. `options`: request options of this run
+    (agents.RUN_OPTIONS, e.g. `{"effort": "low"}`) over the agent's; `context`: text sent
+    after the input in the same user message (a date, a mode), never in the system prompt
+    (default: the agent's `context` hook).
     """
     agent_obj = get_agent(agent) if isinstance(agent, str) else agent
     input = validate_input(input)
+    config = run_config(agent_obj, owner, options)
+    context = run_context(agent_obj, context)
     if metadata is not None and not isinstance(metadata, dict):
         raise InvalidInput("metadata must be a JSON object.")
     check_json(input, "The input")
@@ -110,7 +148,8 @@ def start_run(
             run = Run.objects.create(
                 agent=agent_obj.name,
                 input=input,
-                config=agent_obj.snapshot(),
+                config=config,
+                context=context,
                 owner=owner,
                 idempotency_key=idempotency_key,
                 metadata=metadata or {},

@@ -216,6 +216,7 @@ r AS (
         ELSE r."lease_expires_at" END,
     "recovery_attempts" = CASE WHEN s.changes ? 'recovery_attempts' THEN p."recovery_attempts" ELSE r."recovery_attempts" END,
     "output" = CASE WHEN s.changes ? 'output' THEN p."output" ELSE r."output" END,
+    "parsed_output" = CASE WHEN s.changes ? 'parsed_output' THEN p."parsed_output" ELSE r."parsed_output" END,
     "stop_reason" = CASE WHEN s.changes ? 'stop_reason' THEN p."stop_reason" ELSE r."stop_reason" END,
     "error_code" = CASE WHEN s.changes ? 'error_code' THEN p."error_code" ELSE r."error_code" END,
     "error_message" = CASE WHEN s.changes ? 'error_message' THEN p."error_message" ELSE r."error_message" END,

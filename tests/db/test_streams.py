@@ -277,3 +277,18 @@ def test_stream__the_api_schema_describes_it(alice, client):
     assert set(operation["responses"]) == {"200", "204", "400", "401", "403", "404", "406"}
     ref = operation["responses"]["404"]["content"]["application/json"]["schema"]["$ref"]
     assert ref.rsplit("/", 1)[1] in schema["components"]["schemas"]
+
+
+def test_stream__thinking_apart_from_the_answer_and_redacted_data_never_shown(alice):
+    thought = {"type": "thinking", "thinking": "They want 42.", "signature": "SIG-SECRET"}
+    hidden = {"type": "redacted_thinking", "data": "ENCRYPTED-SECRET"}
+    run = start_run("test-agent", "find 42", owner=alice)
+    drive(run, ScriptedClient([reply(thought, hidden, text("Found."))]))
+    _, body = stream(url(run, format="ai-sdk"), user=alice)
+    chunks = [f.json for f in frames(body) if f.data != "[DONE]"]
+    reasoning = [c["delta"] for c in chunks if c["type"] == "reasoning-delta"]
+    answer = [c["delta"] for c in chunks if c["type"] == "text-delta"]
+    assert (reasoning, answer) == (["They want 42."], ["Found."])
+    _, plain = stream(url(run), user=alice)
+    for shown in (body, plain):
+        assert "ENCRYPTED-SECRET" not in shown and "SIG-SECRET" not in shown

@@ -112,6 +112,7 @@ def test_json_message_has_the_real_shape(api: MessagesAPIServer) -> None:
         "content",
         "stop_reason",
         "stop_sequence",
+        "stop_details",  # the SDK's Message has it (a refusal's category), null otherwise
         "usage",
     }
     assert message["id"].startswith("msg_01")
@@ -175,7 +176,11 @@ def test_stream_events_match_the_real_sequence(api: MessagesAPIServer) -> None:
     assert [d["index"] for n, d in events if n == "content_block_stop"] == [0, 1]
 
     final = events[-2][1]
-    assert final["delta"] == {"stop_reason": "tool_use", "stop_sequence": None}
+    assert final["delta"] == {
+        "stop_reason": "tool_use",
+        "stop_sequence": None,
+        "stop_details": None,
+    }
     assert final["usage"]["output_tokens"] >= 1
     assert api.disconnects == 0
 

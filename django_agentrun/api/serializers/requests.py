@@ -7,7 +7,7 @@ from typing import Any
 from django.utils import timezone
 from rest_framework import serializers
 
-from ...agents import registered_agents
+from ...agents import RUN_OPTIONS, registered_agents
 from ..parsers import text_problem
 from .fields import ObjectField, RunInputField, StorableCharField
 
@@ -44,6 +44,18 @@ class RunCreateSerializer(IdempotencyKeyMixin, serializers.Serializer):
         max_length=200,
         required=False,
         help_text=f"Also accepted as the `{IDEMPOTENCY_HEADER}` header.",
+    )
+    options = ObjectField(
+        required=False,
+        help_text="The run's own request options over the agent's: "
+        + ", ".join(f"`{name}`" for name in RUN_OPTIONS)
+        + ". A bad value, or one the agent's model refuses, is a 400 naming it.",
+    )
+    context = StorableCharField(
+        required=False,
+        allow_blank=True,
+        help_text="Text sent after the input in the same user message (a date, a mode), "
+        "never in the system prompt. Default: the agent's context hook.",
     )
 
     def validate_agent(self, value: str) -> str:

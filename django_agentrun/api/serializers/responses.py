@@ -15,7 +15,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from ... import services
-from ...events import public_payload
+from ...events import public_payload, shown_content, thinking_text
 from ...models import Run, RunEvent, ToolCall, Turn
 from ...permissions import can_decide
 from ...states import RunState, ToolCallState, TurnState
@@ -144,6 +144,28 @@ class TurnSerializer(serializers.ModelSerializer):
     state = StateField(TurnState)
     usage = UsageSerializer(source="*", read_only=True)
     tool_calls = ToolCallSerializer(many=True, read_only=True)
+    content = serializers.SerializerMethodField(
+        help_text="The answer's content blocks; a thinking block's signature and a "
+        "redacted_thinking block's data are left out."
+    )
+    thinking = serializers.SerializerMethodField(
+        help_text="The answer's summarized thinking (empty when omitted or redacted)."
+    )
+    text = serializers.SerializerMethodField(help_text="The answer's text blocks, joined.")
+
+    @extend_schema_field(OpenApiTypes.ANY)
+    def get_content(self, turn: Turn) -> Any:
+        return shown_content(turn.content)
+
+    @extend_schema_field(OpenApiTypes.STR)
+    def get_thinking(self, turn: Turn) -> str:
+        return thinking_text(turn.content)
+
+    @extend_schema_field(OpenApiTypes.STR)
+    def get_text(self, turn: Turn) -> str:
+        return "".join(
+            str(b.get("text", "")) for b in turn.content or () if b.get("type") == "text"
+        )
 
     class Meta:
         model = Turn
@@ -153,6 +175,8 @@ class TurnSerializer(serializers.ModelSerializer):
             "is_final",
             "model",
             "content",
+            "thinking",
+            "text",
             "stop_reason",
             "usage",
             "started_at",
@@ -204,6 +228,10 @@ class RunDetailSerializer(RunSerializer):
     cancel = CancelRequestSerializer(source="*", read_only=True)
     turns = TurnSerializer(many=True, read_only=True)
     pending_decisions = serializers.SerializerMethodField()
+    output = serializers.SerializerMethodField(
+        help_text="The final answer: `text`, `content` (thinking shown as in turns) and, for "
+        "stop_reason `refusal`, `refusal`: the model that answered, `category`, `explanation`."
+    )
 
     class Meta(RunSerializer.Meta):
         fields = [
@@ -213,6 +241,7 @@ class RunDetailSerializer(RunSerializer):
             "input",
             "context",
             "output",
+            "parsed_output",
             "error_message",
             "failure_phase",
             "last_checkpoint",
@@ -222,6 +251,12 @@ class RunDetailSerializer(RunSerializer):
             "pending_decisions",
         ]
         read_only_fields = fields
+
+    @extend_schema_field({"type": "object", "nullable": True, "additionalProperties": True})
+    def get_output(self, run: Run) -> Any:
+        if isinstance(run.output, dict) and "content" in run.output:
+            return {**run.output, "content": shown_content(run.output["content"])}
+        return run.output
 
     @extend_schema_field(OpenApiTypes.STR)
     def get_model(self, run: Run) -> str:

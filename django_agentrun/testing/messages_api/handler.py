@@ -13,7 +13,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
-from . import model_list, replies
+from . import model_list, options, replies
 from .recorder import Recorder
 from .script import Reply, Script, ScriptExhausted, as_reply, new_id
 from .validation import APIRequestError, invalid, validate_request
@@ -230,6 +230,7 @@ class Handler(BaseHTTPRequestHandler):
             reply = as_reply(api.script, body) if api.script is not None else None
             if reply is None:
                 raise ScriptExhausted("fake API has no script")
+            _check_format(body, reply)
         except Exception as exc:  # noqa: BLE001 - a broken script is reported to the client
             recorder.script_error(exc)
             self._send_error(invalid(f"{type(exc).__name__}: {exc}"))
@@ -291,3 +292,23 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             if not self.server.stopping.is_set():
                 self.server.recorder.disconnected()
+
+
+class ScriptBreaksFormat(ValueError):
+    """A scripted answer does not follow the request's output_config.format schema."""
+
+
+def _check_format(body: dict[str, Any], reply: Reply) -> None:
+    """The real model's complete answer follows the requested schema (constrained
+    decoding); only one cut short (max_tokens) or refused may not."""
+    fmt = (body.get("output_config") or {}).get("format")
+    if not fmt or reply.is_error or reply.stop_reason not in ("end_turn", "stop_sequence"):
+        return
+    answer = "".join(str(b.get("text", "")) for b in reply.blocks() if b.get("type") == "text")
+    try:
+        value = json.loads(answer)
+    except ValueError:
+        raise ScriptBreaksFormat(f"the scripted answer is not JSON: {answer[:80]!r}") from None
+    problem = options.mismatch(value, fmt["schema"], fmt["schema"])
+    if problem:
+        raise ScriptBreaksFormat(f"the scripted answer breaks the requested schema: {problem}")

@@ -28,6 +28,15 @@ def usage(body: dict[str, Any], reply: Reply, content: list[dict[str, Any]]) -> 
         "output_tokens": max(1, len(json.dumps(content)) // 4),
     }
     counts.update(reply.usage or {})
+    reasoning = sum(
+        len(str(b.get("thinking") or b.get("data") or ""))
+        for b in content
+        if b.get("type") in ("thinking", "redacted_thinking")
+    )
+    if reasoning and "output_tokens_details" not in counts:
+        # Thinking counts in output_tokens; the API says how much of it was reasoning.
+        thinking_tokens = min(counts["output_tokens"], max(1, reasoning // 4))
+        counts["output_tokens_details"] = {"thinking_tokens": thinking_tokens}
     return counts
 
 
@@ -42,6 +51,7 @@ def message(body: dict[str, Any], reply: Reply, content: list[dict[str, Any]]) -
         "content": content,
         "stop_reason": reply.stop_reason,
         "stop_sequence": reply.stop_sequence,
+        "stop_details": reply.stop_details,
         "usage": {**usage(body, reply, content), "service_tier": "standard"},
     }
 
@@ -54,7 +64,9 @@ def events(body: dict[str, Any], reply: Reply, request_id: str) -> Iterator[byte
         content = content[: cut + 1]
     start_message = message(body, reply, [])
     start_message["stop_reason"] = start_message["stop_sequence"] = None  # only known at the end
+    start_message["stop_details"] = None
     counts = usage(body, reply, content)
+    details = counts.pop("output_tokens_details", None)
     start_message["usage"] = {**counts, "output_tokens": 1, "service_tier": "standard"}
     yield _sse("message_start", {"type": "message_start", "message": start_message})
     yield _sse("ping", {"type": "ping"})
@@ -107,8 +119,15 @@ def events(body: dict[str, Any], reply: Reply, request_id: str) -> Iterator[byte
         "message_delta",
         {
             "type": "message_delta",
-            "delta": {"stop_reason": reply.stop_reason, "stop_sequence": reply.stop_sequence},
-            "usage": {"output_tokens": counts["output_tokens"]},
+            "delta": {
+                "stop_reason": reply.stop_reason,
+                "stop_sequence": reply.stop_sequence,
+                "stop_details": reply.stop_details,
+            },
+            "usage": {
+                "output_tokens": counts["output_tokens"],
+                **({"output_tokens_details": details} if details else {}),
+            },
         },
     )
     yield _sse("message_stop", {"type": "message_stop"})

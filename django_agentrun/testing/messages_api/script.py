@@ -90,10 +90,21 @@ class Reply:
     end_after: int | None = None
     # Characters per text_delta (and per input_json_delta).
     chunk_size: int = 20
+    # The model that answered (default: the one requested): where the API fell back.
     model: str | None = None
     message_id: str | None = None
+    # A structured output's answer (any JSON value): the content becomes its JSON text,
+    # which must follow the request's output_config.format schema.
+    output: Any = None
+    # The response's stop_details; for stop_reason "refusal" the default is
+    # {"type": "refusal", "category": None, "explanation": None}.
+    stop_details: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
+        if self.output is not None:
+            if self.content:
+                raise ValueError("give a reply's content or its structured output, not both")
+            self.content = [text(json.dumps(self.output))]
         if isinstance(self.content, str):
             self.content = [text(self.content)]
         blocks = []
@@ -112,6 +123,13 @@ class Reply:
                 self.stop_reason = "tool_use"
             else:
                 self.stop_reason = "end_turn"
+        if self.stop_reason == "refusal":
+            self.stop_details = {
+                "type": "refusal",
+                "category": None,
+                "explanation": None,
+                **(self.stop_details or {}),
+            }
         if self.is_error:
             self.error_type = self.error_type or ERROR_TYPES.get(self.status, "api_error")
             self.error_message = self.error_message or f"fake {self.error_type} ({self.status})"

@@ -7,7 +7,7 @@ import re
 from typing import Any
 from urllib.parse import urlsplit
 
-from . import thinking
+from . import options, thinking
 from .script import ERROR_TYPES, text
 
 _ID_PATTERN = re.compile(r"^[a-zA-Z0-9_-]+$")
@@ -210,6 +210,12 @@ def validate_request(body: Any) -> None:
         for key in metadata:
             if key != "user_id":
                 raise invalid(f"metadata.{key}: Extra inputs are not permitted")
+        user_id = metadata.get("user_id")
+        if user_id is not None and (not isinstance(user_id, str) or len(user_id) > 256):
+            raise invalid("metadata.user_id: String should have at most 256 characters")
+    problem = options.problem(body)
+    if problem:
+        raise invalid(problem)
 
     breakpoints = 0
     system = body.get("system")
@@ -242,6 +248,12 @@ def validate_request(body: Any) -> None:
                     raise invalid(f"tools.{j}.custom.input_schema: Field required")
                 if schema.get("type", "object") != "object":
                     raise invalid(f"tools.{j}.custom.input_schema.type: Input should be 'object'")
+                if "strict" in tool and not isinstance(tool["strict"], bool):
+                    raise invalid(f"tools.{j}.custom.strict: Input should be a valid boolean")
+                if tool.get("strict"):
+                    problem = options.schema_problem(schema, f"tools.{j}.custom.input_schema")
+                    if problem:
+                        raise invalid(problem)
             elif not isinstance(name, str) or not name:
                 raise invalid(f"tools.{j}.name: Field required")
             tool_names.append(name)
