@@ -20,7 +20,7 @@ TEST_STAGES = lint checks test-sqlite test-postgres test-postgres-ssb test-postg
 CHROMIUM ?= /usr/bin/chromium
 
 .PHONY: test lint checks test-sqlite test-postgres test-postgres-ssb test-postgres-psycopg2 \
-	test-node node test-browser chromium test-django6 test-release demo bench bench-quick install
+	test-node node test-browser chromium test-django6 test-release demo chat bench bench-quick install
 
 # A virtualenv with the project and its test dependencies, rebuilt when pyproject changes.
 $(VENV)/.installed: pyproject.toml
@@ -51,22 +51,27 @@ checks: install
 # Tests live in tiers by what they need (tests/conftest.py): pure (no database), db (any
 # database), postgres (Postgres only), workers (real Celery worker processes on Postgres
 # and Redis). Each run below takes the tiers whose outcome can differ on its database.
+# The tiers without worker processes run on two pytest-xdist processes ($(XDIST); each has
+# a test database of its own); the workers tier runs alone, one test at a time, so that
+# its leases and timings are never measured against a busy neighbour.
+XDIST ?= -n 2
 
 # SQLite in memory, scripted model client: no services.
 test-sqlite: install
-	env -u DATABASE_URL $(PYTHON) -m pytest tests/pure tests/db -q
+	env -u DATABASE_URL $(PYTHON) -m pytest tests/pure tests/db -q $(XDIST)
 
 # Postgres on psycopg 3, with Redis and real Celery worker processes. The fresh-project
 # test runs in test-release, on the built wheel and sdist instead of this checkout.
 test-postgres: install
-	DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest tests/db tests/postgres tests/workers -q \
+	DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest tests/db tests/postgres -q $(XDIST)
+	DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest tests/workers -q \
 	  --ignore=tests/workers/test_fresh_project.py --ignore=tests/workers/test_ai_sdk.py
 
 # Again with Django's server-side parameter binding (psycopg), which the engine's and the
 # reaper's raw SQL must also work with.
 test-postgres-ssb: install
 	AGENTRUN_TEST_SERVER_SIDE_BINDING=1 DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest tests/db tests/postgres -q \
-	  -m "not one_driver"
+	  -m "not one_driver" $(XDIST)
 
 # Again through psycopg2 (projects on the older driver): the tests make `import psycopg`
 # fail, so Django and the app fall back to psycopg2, workers included. The db and postgres
@@ -74,8 +79,9 @@ test-postgres-ssb: install
 # one that exercises the heartbeat's reconnect (both_drivers); the crash matrix and the
 # chaos test run on psycopg 3 only.
 test-postgres-psycopg2: install
-	AGENTRUN_TEST_PSYCOPG2=1 DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest tests/db tests/postgres tests/workers -q \
-	  -m "not one_driver and (not integration or both_drivers)" \
+	AGENTRUN_TEST_PSYCOPG2=1 DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest tests/db tests/postgres -q \
+	  -m "not one_driver" $(XDIST)
+	AGENTRUN_TEST_PSYCOPG2=1 DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest tests/workers -q -m both_drivers \
 	  --ignore=tests/workers/test_fresh_project.py --ignore=tests/workers/test_ai_sdk.py
 
 # The AI SDK's own client (the `ai` package from npm, pinned by tests/node/package-lock.json)
@@ -92,8 +98,9 @@ node:
 	    || echo "Node.js could not be installed: the AI SDK test will fail"; \
 	}
 
-# The admin as an operator uses it: headless Chromium (Debian's, through the playwright
-# package) against a live server on Postgres, psycopg 3. Screenshots in artifacts/screenshots/.
+# The admin as an operator uses it, and the example chat page: headless Chromium (Debian's,
+# through the playwright package) against a live server on Postgres, psycopg 3 (the chat
+# page: uvicorn, real workers, Redis). Screenshots in artifacts/screenshots/.
 # Without Chromium (and no way to install it) the tier is skipped, saying so.
 test-browser: install chromium
 	AGENTRUN_CHROMIUM=$(CHROMIUM) DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest tests/browser -q -rs
@@ -114,8 +121,8 @@ $(VENV_DJANGO6)/.installed: pyproject.toml
 	touch $@
 
 test-django6: $(VENV_DJANGO6)/.installed
-	env -u DATABASE_URL $(VENV_DJANGO6)/bin/python -m pytest tests/pure tests/db -q
-	DATABASE_URL=$(PG_URL) $(VENV_DJANGO6)/bin/python -m pytest tests/db -q
+	env -u DATABASE_URL $(VENV_DJANGO6)/bin/python -m pytest tests/pure tests/db -q $(XDIST)
+	DATABASE_URL=$(PG_URL) $(VENV_DJANGO6)/bin/python -m pytest tests/db -q $(XDIST)
 
 # What a user installs: the wheel and the sdist built from a clean export, checked, listed
 # against the package's files, installed into fresh virtualenvs on Python 3.13 and run
@@ -126,6 +133,11 @@ test-release: install
 # The seed's scenario with real processes; SQLite and a server-less broker unless told otherwise.
 demo: install
 	$(PYTHON) manage.py agentrun_demo
+
+# The example chat page at http://127.0.0.1:8000/chat/ (user demo, password demo): uvicorn
+# and a Celery worker on Redis (CHAT_ARGS="--redis-url redis://host:6379/0 --port 8001").
+chat: install
+	$(PYTHON) manage.py agentrun_chat $(CHAT_ARGS)
 
 bench: install
 	DATABASE_URL=$(PG_URL) $(PYTHON) bench/run.py

@@ -113,3 +113,42 @@ class LiveStream:
 
     def close(self) -> None:
         self.conn.close()
+
+
+def read_with_drops(
+    server, path: str, rng, *, timeout: float = 60, on_end=None, auth=("alice", "pw")
+):
+    """Read the stream at `path` (of a live `server`) to its end, dropping the connection
+    after a random number of frames each time and reconnecting with Last-Event-ID; per
+    connection its frames. At an `end` frame, `on_end(its data)` may return True to read
+    on (something was done that makes the stream go on, e.g. an approval)."""
+    import time
+
+    cursor, connections = None, []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        headers = {"Last-Event-ID": cursor} if cursor else {}
+        live = LiveStream(server.url, path, auth=auth, **headers)
+        if live.status == 204:
+            live.close()
+            return connections
+        assert live.status == 200, live.status
+        # Mostly early drops, sometimes late enough to see a turn's answer whole.
+        budget = rng.randint(1, 12) if rng.random() < 0.7 else rng.randint(40, 160)
+        frames, ended = [], None
+        for frame in live.frames():
+            if frame.event == "comment":
+                continue
+            frames.append(frame)
+            if frame.id is not None:
+                cursor = frame.id
+            if frame.event == "end":
+                ended = frame.json
+                break
+            if len(frames) >= budget:
+                break
+        live.close()
+        connections.append(frames)
+        if ended is not None and not (on_end is not None and on_end(ended)):
+            return connections
+    raise AssertionError("the stream did not end in time")

@@ -27,6 +27,14 @@ FINISH_REASONS = {
     "timed_out": "other",
 }
 
+# The state each event that ends a run leaves it in.
+RUN_ENDINGS = {
+    "run_completed": "completed",
+    "run_failed": "failed",
+    "run_cancelled": "cancelled",
+    "run_timed_out": "timed_out",
+}
+
 
 def dumps(value: Any) -> str:
     """JSON on one line; text that cannot be UTF-8 (a lone surrogate a tool returned) is
@@ -272,7 +280,54 @@ def _server_tool_parts(block: dict[str, Any]) -> list[dict[str, Any]]:
     return []
 
 
+class ConversationUIMessages:
+    """The UI message stream of a conversation: each run one assistant message (`start`
+    with the run's id ... `finish`), one after the other; `data: [DONE]` when the
+    conversation rests. Durable events and deltas carry their run (`run`, `position`)."""
+
+    name = UIMessageFormat.name
+    headers = UIMessageFormat.headers
+
+    def __init__(self, conversation_id: Any) -> None:
+        self.conversation_id = str(conversation_id)
+        self.position: int | None = None
+        self.run: UIMessageFormat | None = None
+        self.ended = "completed"
+
+    def open(self) -> list[str]:
+        return []
+
+    def _enter(self, item: dict[str, Any]) -> list[str]:
+        position = item.get("position", 0)
+        if self.run is not None and position == self.position:
+            return []
+        chunks = []
+        if self.run is not None:
+            # The run the conversation went past has ended: its last state event said how.
+            finish = {"type": "finish", "finishReason": FINISH_REASONS.get(self.ended, "other")}
+            chunks = [frame(c) for c in [*self.run._end_step(), finish]]
+        self.position, self.run = position, UIMessageFormat(item.get("run") or "")
+        self.ended = "completed"
+        return chunks + self.run.open()
+
+    def event(self, event: dict[str, Any], cursor: str) -> list[str]:
+        chunks = self._enter(event)
+        if event["type"] in RUN_ENDINGS:
+            self.ended = RUN_ENDINGS[event["type"]]
+        return chunks + self.run.event(event, cursor)  # type: ignore[union-attr]
+
+    def delta(self, delta: dict[str, Any]) -> list[str]:
+        return self._enter(delta) + self.run.delta(delta)  # type: ignore[union-attr]
+
+    def close(self, run_state: str, cursor: str) -> list[str]:
+        if self.run is None:
+            return ["data: [DONE]\n\n"]
+        return self.run.close(run_state, cursor)
+
+
 FORMATS = {f.name: f for f in (EventsFormat, UIMessageFormat)}
+# The formats of a conversation's stream, by the same names.
+CONVERSATION_FORMATS = {"events": EventsFormat, "ai-sdk": ConversationUIMessages}
 # Media types of Accept that choose a format (`?format=` wins).
 ACCEPT = {
     "application/x-vercel-ai-ui-message-stream": "ai-sdk",
@@ -282,12 +337,38 @@ ACCEPT = {
 
 def document_streams(result: dict[str, Any], generator: Any, **kwargs: Any) -> dict[str, Any]:
     """drf-spectacular postprocessing hook: the streams are plain async views, which it does
-    not see; describe `runs/{id}/stream/` next to `runs/{id}/`, wherever the API is mounted."""
+    not see; describe `runs/{id}/stream/` next to `runs/{id}/` (and the same for
+    conversations), wherever the API is mounted."""
     paths = result.get("paths", {})
     error = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
     for path in [p for p in paths if p.endswith("/runs/{id}/")]:
         paths[f"{path}stream/"] = {"get": _stream_operation(error)}
+    for path in [p for p in paths if p.endswith("/conversations/{id}/")]:
+        paths[f"{path}stream/"] = {"get": _conversation_operation(error)}
     return result
+
+
+def _conversation_operation(error: dict[str, Any]) -> dict[str, Any]:
+    op = _stream_operation(error)
+    op.update(
+        operationId="conversations_stream_retrieve",
+        summary="A conversation's live stream (Server-Sent Events)",
+        description=(
+            "The stream of each run of the conversation in order, following it from run to "
+            "run (a message queued or interrupting continues on it). Durable events carry "
+            "`run` and `position`, and `id:` = `<position>-<seq>` (resume with "
+            "`Last-Event-ID` or `after`). In `ai-sdk`, each run is one assistant message. "
+            "Ends when every run rests; 204 when they rest and nothing follows the cursor."
+        ),
+        tags=["conversations"],
+    )
+    op["parameters"][2] = {"name": "after", "in": "query", "schema": {"type": "string"}}
+    op["responses"]["400"] = {
+        "description": "A cursor that is not `<position>-<seq>` (`invalid`).",
+        "content": error,
+    }
+    op["responses"]["404"]["description"] = "No such conversation among those you may see."
+    return op
 
 
 def _stream_operation(error: dict[str, Any]) -> dict[str, Any]:

@@ -16,13 +16,13 @@ from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.db import connections
-from django.db.models import Max
+from django.db.models import Max, Q
 from rest_framework import exceptions
 from rest_framework.request import Request
 from rest_framework.settings import api_settings
 
-from ..models import Run, RunEvent, ToolCall, Turn
-from ..states import RunState
+from ..models import Conversation, Run, RunEvent, ToolCall, Turn
+from ..states import RUN_ACTIVE, RunState
 from .errors import error_body
 from .serializers import RunEventSerializer
 
@@ -111,6 +111,10 @@ def public_events(rows: list[RunEvent], run_id: Any) -> list[dict[str, Any]]:
     return events
 
 
+def _page(rows: list[RunEvent]) -> tuple[list[RunEvent], bool]:
+    return rows[:PAGE], len(rows) > PAGE
+
+
 @short_read
 def read_run(run_id: Any, user: Any, after: Cursor, *, first: bool = False) -> Snapshot | None:
     """The run as `user` may see it (None: not found or not visible; `user` None: anyone)
@@ -126,7 +130,7 @@ def read_run(run_id: Any, user: Any, after: Cursor, *, first: bool = False) -> S
             : PAGE + 1
         ]
     )
-    more, rows = len(rows) > PAGE, rows[:PAGE]
+    rows, more = _page(rows)
     answered = {}
     if first:
         found = Turn.objects.filter(run_id=run_id).aggregate(m=Max("index"))["m"]
@@ -139,6 +143,66 @@ def read_run(run_id: Any, user: Any, after: Cursor, *, first: bool = False) -> S
         [(0, e.seq) for e in rows],
         more,
         answered,
+    )
+
+
+@short_read
+def read_conversation(
+    conversation_id: Any, user: Any, after: Cursor, *, first: bool = False
+) -> Snapshot | None:
+    """The conversation as `user` may see it (None: not found or not visible; `user` None:
+    anyone) with its runs' events after `after`, ordered by (position, seq). A run's events
+    are sent once every run before it has ended (the frontier: the first run still active),
+    so that nothing can come after a cursor that passed it; each run's are bounded by the
+    seq read with its state. It rests when every run rests (none queued or advancing)."""
+    found = Conversation.objects.visible_to(user) if user is not None else Conversation.objects
+    if not found.filter(pk=conversation_id).exists():
+        return None
+    runs = list(
+        Run.objects.filter(conversation_id=conversation_id)
+        .order_by("conversation_position")
+        .values_list("pk", "conversation_position", "state", "last_seq")
+    )
+    if not runs:
+        return Snapshot(RunState.COMPLETED, True, (0, 0))
+    frontier = next((pos for _, pos, state, _ in runs if state in RUN_ACTIVE), runs[-1][1])
+    # The runs between the cursor's and the frontier have ended: all their events; the two
+    # at the ends, bounded.
+    wanted = Q(
+        run__conversation_id=conversation_id,
+        run__conversation_position__gt=after[0],
+        run__conversation_position__lt=frontier,
+    )
+    for pk, position, _state, last_seq in runs:
+        if position in (after[0], frontier) and after[0] <= frontier:
+            since = after[1] if position == after[0] else 0
+            wanted |= Q(run_id=pk, seq__gt=since, seq__lte=last_seq)
+    rows = list(
+        RunEvent.objects.filter(wanted).order_by("run__conversation_position", "seq")[: PAGE + 1]
+    )
+    rows, more = _page(rows)
+    ids = {pk: (str(pk), position) for pk, position, _, _ in runs}
+    events: list[dict[str, Any]] = []
+    for run_id in dict.fromkeys(e.run_id for e in rows):
+        mine = [e for e in rows if e.run_id == run_id]
+        for event in public_events(mine, run_id):
+            event["run"], event["position"] = ids[run_id]
+            events.append(event)
+    answered: dict[int, int] = {}
+    if first:
+        turns = Turn.objects.filter(run__conversation_id=conversation_id)
+        per_run = turns.order_by().values_list("run__conversation_position").annotate(Max("index"))
+        answered.update(per_run)
+    _, position, state, last_seq = runs[-1]
+    return Snapshot(
+        state,
+        all(state in RESTING for _, _, state, _ in runs),
+        (position, last_seq),
+        events,
+        [(ids[e.run_id][1], e.seq) for e in rows],
+        more,
+        answered,
+        frontier,
     )
 
 

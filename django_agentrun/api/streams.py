@@ -1,21 +1,23 @@
-"""`GET runs/{id}/stream/`: a run's live stream, Server-Sent Events (formats in sse.py).
+"""`GET runs/{id}/stream/` and `GET conversations/{id}/stream/`: the live streams of a run
+and of a conversation (its runs in order), Server-Sent Events (formats in sse.py).
 
 A plain async Django view (DRF has no async views), so a stream holds no thread while it
 waits: it checks the API's own authentication (the project's DRF authentication classes,
-session included) and visibility (`Run.objects.visible_to(user)`: 404 for what one may not
-see; checked when the stream opens), reads the database only in short calls on a shared thread pool that close their
-connection (none is held between reads), and waits on the run's Redis stream (`XREAD
-BLOCK`) for deltas and for the nudge each commit sends (one read per nudge for all the
-process's streams of the run); without Redis it reads the
-database every AGENTRUN_STREAM_POLL_SECONDS. Serve it under ASGI (uvicorn); under WSGI it
-works but holds a worker thread per client.
+session included) and visibility (`visible_to(user)` of runs or of conversations: 404 for
+what one may not see; checked when the stream opens), reads the database only in short
+calls on a shared thread pool that close their connection (none is held between reads),
+and waits on the run's (or conversation's) Redis stream (`XREAD BLOCK`) for deltas and for
+the nudge each commit sends (one read per nudge for all the process's streams of it);
+without Redis it reads the database every AGENTRUN_STREAM_POLL_SECONDS. Serve it under
+ASGI (uvicorn); under WSGI it works but holds a worker thread per client.
 
 Resuming: `Last-Event-ID` (what EventSource sends) or `?after=` names the last durable
-event received; the stream sends what followed, never anything twice, then the current
-turn's deltas from the start of its answer. A run that rests (completed, failed,
-cancelled, timed out, or waiting for a person) ends its stream once everything is sent;
-with nothing after the cursor it answers 204 (EventSource stops reconnecting; the AI SDK
-reads "no active stream"). A client that disconnects cancels nothing.
+event received (a seq; in a conversation, `<position>-<seq>`); the stream sends what
+followed, never anything twice, then the current turn's deltas from the start of its
+answer. A run that rests (completed, failed, cancelled, timed out, or waiting for a
+person) ends its stream once everything is sent (a conversation's, once every run of it
+rests); with nothing after the cursor it answers 204 (EventSource stops reconnecting; the
+AI SDK reads "no active stream"). A client that disconnects cancels nothing.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from .. import streams
 from ..conf import agentrun_settings
 from ..streams.reader import RunDeltas, client
 from . import stream_reads as reads
-from .sse import ACCEPT, FORMATS, KEEPALIVE
+from .sse import ACCEPT, CONVERSATION_FORMATS, FORMATS, KEEPALIVE
 
 logger = logging.getLogger(__name__)
 
@@ -90,25 +92,57 @@ def bad_cursor(exc: Exception) -> HttpResponse:
 
 async def run_stream(request: HttpRequest, pk: str) -> HttpResponse:
     """The live stream of run `pk` (see the module's docstring)."""
+    return await _open(
+        request,
+        pk,
+        "run",
+        lambda value: (0, streams.parse_run_cursor(value)),
+        lambda ident: Source(ident, reads.read_run, streams.run_key(ident), lambda c: str(c[1])),
+        FORMATS,
+    )
+
+
+async def conversation_stream(request: HttpRequest, pk: str) -> HttpResponse:
+    """The live stream of conversation `pk`: its runs one after the other, each durable
+    event's id `<position>-<seq>`; it follows the conversation from run to run (a message
+    queued or interrupting continues on it) and ends when every run rests."""
+    return await _open(
+        request,
+        pk,
+        "conversation",
+        streams.parse_conversation_cursor,
+        lambda ident: Source(
+            ident,
+            reads.read_conversation,
+            streams.conversation_key(ident),
+            lambda c: streams.conversation_cursor(*c),
+        ),
+        CONVERSATION_FORMATS,
+    )
+
+
+async def _open(
+    request: HttpRequest, pk: str, what: str, parse: Any, source_of: Any, formats: dict[str, Any]
+) -> HttpResponse:
     fmt, refused = preflight(request)
     if refused is not None:
         return refused
     try:
-        after = (0, streams.parse_run_cursor(cursor_value(request)))
+        after = parse(cursor_value(request))
     except streams.InvalidCursor as exc:
         return bad_cursor(exc)
     user, refusal = await reads.authenticate(request)
     if refusal is not None:
         return error(*refusal)
     try:
-        run_id = uuid.UUID(pk)
+        ident = uuid.UUID(pk)
     except ValueError:
-        return error(404, "not_found", "No such run.")
-    first = await reads.read_run(run_id, user, after, first=True)
+        return error(404, "not_found", f"No such {what}.")
+    source = source_of(ident)
+    first = await source.read(ident, user, after, first=True)
     if first is None:
-        return error(404, "not_found", "No such run.")
-    source = Source(run_id, reads.read_run, streams.run_key(run_id), lambda c: str(c[1]))
-    return respond(FORMATS[fmt](run_id), source, after, first)
+        return error(404, "not_found", f"No such {what}.")
+    return respond(formats[fmt](ident), source, after, first)
 
 
 class Source:
@@ -172,6 +206,7 @@ async def _follow(
     poll = float(agentrun_settings.STREAM_POLL_SECONDS)
     answered = dict(snapshot.answered) if snapshot is not None else {}
     streamed: set[tuple[int, int]] = set()  # (position, turn) whose deltas this stream sent
+    once: set[str] = set()  # entries held back once for a read (see below)
     frontier = snapshot.frontier if snapshot is not None else 0
     last_output = loop.time()
     next_poll = 0.0
@@ -193,8 +228,8 @@ async def _follow(
                 return
             more, snapshot = snapshot.more, None
             next_poll = loop.time() + (0 if more else poll * (SAFETY_POLL_FACTOR if deltas else 1))
-        need_db = False
-        for _entry_id, item in entries:
+        need_db, held = False, []
+        for entry_id, item in entries:
             position = item.get("position", 0)
             if item.get("kind") == "commit":
                 need_db = need_db or (position, item.get("seq", 0)) > cursor
@@ -202,6 +237,13 @@ async def _follow(
             turn = item.get("turn")
             if not isinstance(turn, int) or turn <= answered.get(position, -1):
                 continue  # an answer already committed: its record was (or will be) sent
+            if position > frontier and entry_id not in once:
+                # A later run writes: the run before it has ended since the last read. Read
+                # its last events first, then these (once: a run cannot write out of turn).
+                once.add(entry_id)
+                held.append((entry_id, item))
+                need_db = True
+                continue
             if not cursor[0] <= position <= frontier:
                 continue  # a run before the cursor's, or one whose events wait
             if item.get("kind") == "attempt":
@@ -210,7 +252,7 @@ async def _follow(
             for chunk in fmt.delta(item):
                 yield chunk
             last_output = loop.time()
-        entries = []
+        entries = held
         now = loop.time()
         if need_db or now >= next_poll:
             snapshot = await reads.read_on(source.read, source.ident, cursor)

@@ -1,6 +1,6 @@
 """The API's routes, namespaced `agentrun` (e.g. `agentrun:run-detail`,
-`agentrun:toolcall-approve`, `agentrun:conversation-messages`, `agentrun:run-stream` for
-a run's live stream, `agentrun:schema` for its OpenAPI document)."""
+`agentrun:toolcall-approve`, `agentrun:conversation-messages`, `agentrun:run-stream` and
+`agentrun:conversation-stream` for the live streams, `agentrun:schema` for its OpenAPI document)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from django.urls import path
 from rest_framework.routers import SimpleRouter
 
 from .conversations import ConversationViewSet
-from .streams import run_stream
+from .streams import conversation_stream, run_stream
 from .views import RunViewSet, SchemaView, ToolCallViewSet
 
 app_name = "agentrun"
@@ -21,5 +21,6 @@ router.register("conversations", ConversationViewSet, basename="conversation")
 urlpatterns = [
     *router.urls,
     path("runs/<str:pk>/stream/", run_stream, name="run-stream"),
+    path("conversations/<str:pk>/stream/", conversation_stream, name="conversation-stream"),
     path("schema/", SchemaView.as_view(), name="schema"),
 ]

@@ -48,15 +48,17 @@ def conversation_key(conversation_id: Any) -> str:
     return f"{agentrun_settings.STREAM_PREFIX}:conversation:{conversation_id}"
 
 
-def keys_of(run: Any) -> tuple[list[str], dict[str, Any]]:
-    """Where `run` (a Run, or only its id) publishes: its own stream, and its
-    conversation's if it has one; and what each entry then adds (the run's position)."""
-    keys = [run_key(getattr(run, "pk", run))]
+def keys_of(run: Any) -> list[tuple[str, dict[str, Any]]]:
+    """Where `run` (a Run, or only its id) publishes, with what each entry adds there: its
+    own stream (nothing), and its conversation's if it has one (the run's position and id;
+    a run's own stream is position 0 to its readers)."""
+    pk = getattr(run, "pk", run)
+    keys: list[tuple[str, dict[str, Any]]] = [(run_key(pk), {})]
     conversation = getattr(run, "conversation_id", None)
-    if conversation is None:
-        return keys, {}
-    keys.append(conversation_key(conversation))
-    return keys, {"position": getattr(run, "conversation_position", 0)}
+    if conversation is not None:
+        tags = {"position": getattr(run, "conversation_position", 0), "run": str(pk)}
+        keys.append((conversation_key(conversation), tags))
+    return keys
 
 
 def attempt_key(key: str) -> str:

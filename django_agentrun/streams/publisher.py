@@ -172,9 +172,8 @@ def notify(run: Any, seq: int) -> None:
     streams' readers (the run's, and its conversation's)."""
     pub = publisher()
     if pub is not None:
-        keys, extra = keys_of(run)
-        for key in keys:
-            pub.put(key, {"kind": "commit", "seq": seq, **extra})
+        for key, tags in keys_of(run):
+            pub.put(key, {"kind": "commit", "seq": seq, **tags})
 
 
 def notify_after_commit(run: Any, seq: int) -> None:
@@ -193,20 +192,19 @@ class TurnStream:
 
     def __init__(self, pub: Publisher, run: Any, turn: int) -> None:
         self._pub = pub
-        self._keys, self._extra = keys_of(run)
+        self._keys = keys_of(run)
         self._turn = turn
 
     def attempt(self, number: int) -> Callable[[dict[str, Any]], None]:
-        pub, keys, turn = self._pub, self._keys, self._turn
-        tags = {"turn": turn, "attempt": number, **self._extra}
-        marker = {"kind": "attempt", **tags, "attempt_id": uuid.uuid4().hex[:12]}
-        for key in keys:
-            pub.put(key, marker)
+        pub, turn = self._pub, self._turn
+        marked = {"turn": turn, "attempt": number, "attempt_id": uuid.uuid4().hex[:12]}
+        for key, tags in self._keys:
+            pub.put(key, {"kind": "attempt", **marked, **tags})
+        sinks = [(key, {"turn": turn, "attempt": number, **tags}) for key, tags in self._keys]
 
         def on_event(delta: dict[str, Any]) -> None:
-            item = {**delta, **tags}
-            for key in keys:
-                pub.put(key, item)
+            for key, tags in sinks:
+                pub.put(key, {**delta, **tags})
 
         return on_event
 

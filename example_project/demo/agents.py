@@ -1,6 +1,7 @@
 """The demo's support agent: tell a customer about a delayed order, then log the ticket.
 
-`send_customer_message` is the seed's dangerous tool: `non_idempotent` (a retry
+`issue_refund` needs a person's approval (the chat page, /chat/, shows its arguments and
+asks); `send_customer_message` is the seed's dangerous tool: `non_idempotent` (a retry
 would deliver a second message), with a `reconcile` check that asks the provider
 whether it already accepted a message with this call's idempotency key, which is
 sent as the provider's client reference.
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from django_agentrun import Agent, Budget, Reconciliation, SideEffect, ToolContext, tool
 
-from .provider import Helpdesk, MessagingProvider
+from .provider import Helpdesk, MessagingProvider, Payments
 
 AGENT_NAME = "support-agent"
 
@@ -56,11 +57,20 @@ def log_ticket(ctx: ToolContext, ticket_id: str, summary: str, message_id: str =
     return {"note_id": note["note_id"], "ticket_id": ticket_id}
 
 
+@tool(side_effect=SideEffect.IDEMPOTENT_WRITE, requires_approval=True)
+def issue_refund(ctx: ToolContext, order_id: str, amount_cents: int, reason: str = "") -> dict:
+    """Refund an order (money leaves the shop: a person approves it first)."""
+    refund = Payments().refund(
+        order_id=order_id, amount_cents=amount_cents, reason=reason, key=ctx.idempotency_key
+    )
+    return {"refund_id": refund["refund_id"], "order_id": order_id, "amount_cents": amount_cents}
+
+
 support_agent = Agent(
     name=AGENT_NAME,
     model="claude-sonnet-5-5",
     system=SYSTEM,
-    tools=[send_customer_message, log_ticket],
+    tools=[send_customer_message, log_ticket, issue_refund],
     max_turns=6,
     max_tokens=1024,
     budget=Budget(max_cost_usd=0.50),

@@ -1,4 +1,4 @@
-"""Simulated external services for the demo: a messaging provider and a helpdesk.
+"""Simulated external services for the demo: a messaging provider, a helpdesk, payments.
 
 They keep their own records in JSON-lines files under the demo state directory
 (`AGENTRUN_DEMO_DIR`), not in the app's tables, like a third-party API would. The
@@ -64,6 +64,16 @@ class JsonLines:
     def reset(self) -> None:
         self.path.unlink(missing_ok=True)
 
+    def once(self, key: str, row: dict[str, Any]) -> dict[str, Any]:
+        """Append `row` under `key`, unless a row with that key is there: return that one."""
+        with self.locked():
+            for found in self.rows():
+                if found["key"] == key:
+                    return found
+            row = {**row, "key": key, "created_at": _now()}
+            self.append(row)
+        return row
+
 
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
@@ -112,22 +122,31 @@ class Helpdesk:
 
     def add_note(self, *, ticket_id: str, text: str, key: str) -> dict[str, Any]:
         """Add a note to a ticket; with a key seen before, return that note instead."""
-        with self.store.locked():
-            for note in self.store.rows():
-                if note["key"] == key:
-                    return note
-            note = {
-                "note_id": f"note-{uuid.uuid4().hex[:8]}",
-                "ticket_id": ticket_id,
-                "text": text,
-                "key": key,
-                "created_at": _now(),
-            }
-            self.store.append(note)
-        return note
+        note = {"note_id": f"note-{uuid.uuid4().hex[:8]}", "ticket_id": ticket_id, "text": text}
+        return self.store.once(key, note)
 
     def notes(self) -> list[dict[str, Any]]:
         return self.store.rows()
 
     def reset(self) -> None:
         self.store.reset()
+
+
+class Payments:
+    """Refunds; one per idempotency key (as a payment provider's idempotency keys do)."""
+
+    def __init__(self, root: Path | None = None) -> None:
+        self.store = JsonLines((root or state_dir()) / "provider" / "refunds.jsonl")
+
+    def refund(self, *, order_id: str, amount_cents: int, reason: str, key: str) -> dict[str, Any]:
+        """Refund `amount_cents` of an order; with a key seen before, return that refund."""
+        refund = {
+            "refund_id": f"re-{uuid.uuid4().hex[:8]}",
+            "order_id": order_id,
+            "amount_cents": amount_cents,
+            "reason": reason,
+        }
+        return self.store.once(key, refund)
+
+    def refunds(self) -> list[dict[str, Any]]:
+        return self.store.rows()

@@ -76,3 +76,63 @@ class DemoScriptedClient(ScriptedClient):
 
     def __init__(self) -> None:
         super().__init__(script=demo_reply)
+
+
+# The chat page's offline model (`manage.py agentrun_chat --model scripted`): it streams
+# its words slowly enough to watch, and asks for a refund (which needs an approval) when
+# the message mentions one.
+CHAT_DELAY = 0.04  # seconds between deltas of 8 characters
+CHAT_ANSWER = (
+    "Order A-1001 left our warehouse on Monday with ParcelCo (tracking PC-88412). It is "
+    "held at the carrier's hub and the new delivery date is Friday. If you would rather "
+    "not wait, ask me for a refund and I will start one once a person approves it."
+)
+
+
+def _last_said(request: ModelRequest) -> tuple[str, int]:
+    """The newest user message with text in it, and the assistant messages after it."""
+    for i in range(len(request.messages) - 1, -1, -1):
+        message = request.messages[i]
+        content = message["content"]
+        if message["role"] != "user":
+            continue
+        texts = (
+            [content]
+            if isinstance(content, str)
+            else [b.get("text", "") for b in content if b.get("type") == "text"]
+        )
+        if any(texts):
+            after = request.messages[i + 1 :]
+            return " ".join(texts), sum(1 for m in after if m["role"] == "assistant")
+    return "", 0
+
+
+def chat_reply(request: ModelRequest) -> Reply:
+    said, step = _last_said(request)
+    if "refund" not in said.lower():
+        return Reply([text(CHAT_ANSWER)], chunk_delay=CHAT_DELAY)
+    if step == 0:
+        call = tool_use(
+            "issue_refund",
+            {"order_id": "A-1001", "amount_cents": 4999, "reason": "delayed delivery"},
+            id=f"toolu_chat_{len(request.messages):04d}_refund",
+        )
+        return Reply(
+            [text("I'll refund order A-1001 (49.99) once it is approved."), call],
+            chunk_delay=CHAT_DELAY,
+        )
+    last = request.messages[-1]["content"]
+    refused = isinstance(last, list) and any(b.get("is_error") for b in last)
+    answer = (
+        "The refund was not approved, so nothing was refunded."
+        if refused
+        else "The refund of 49.99 for order A-1001 is on its way: 3 to 5 working days."
+    )
+    return Reply([text(answer)], chunk_delay=CHAT_DELAY)
+
+
+class DemoChatClient(ScriptedClient):
+    """ScriptedClient with the chat page's script; instantiated with no arguments."""
+
+    def __init__(self) -> None:
+        super().__init__(script=chat_reply)

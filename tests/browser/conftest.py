@@ -1,5 +1,6 @@
 """The browser tier: the admin in headless Chromium (Debian's `chromium`, driven by the
-`playwright` package) against pytest-django's live server, on Postgres.
+`playwright` package) against pytest-django's live server, on Postgres; the chat page
+against uvicorn with real Celery workers (the worker tier's `asgi_server`).
 
 One browser for the session; each test opens its own context (cookies) at 1,400 x 900 px,
 the admin's nav sidebar open. Screenshots go to `artifacts/screenshots/` (printed in the
@@ -116,3 +117,8 @@ def console(browser, live_server, postgres, no_broker, screenshots):
     yield Console()
     for context in contexts:
         context.close()
+
+
+# The chat page's test needs what the worker tier's stream tests use: real Celery workers
+# and uvicorn serving the example project on the live streams' Redis.
+from tests.workers.conftest import asgi_server, workers  # noqa: E402, F401

@@ -91,6 +91,7 @@ def test_schema__this_api_only_and_valid(web):
         "/api/agentrun/conversations/{id}/",
         "/api/agentrun/conversations/{id}/messages/",
         "/api/agentrun/conversations/{id}/stop/",
+        "/api/agentrun/conversations/{id}/stream/",
     }
     assert web.get(SCHEMA, {"format": "yaml"})["Content-Type"].startswith(
         "application/vnd.oai.openapi"

@@ -17,8 +17,8 @@ from django_agentrun import start_run
 from django_agentrun.models import RunEvent
 from django_agentrun.testing.messages_api import Reply, by_step, text, tool_use
 from tests import factories
-from tests.processes import ASGIServer, wait_resting
-from tests.streams import LiveStream
+from tests.processes import wait_resting
+from tests.streams import LiveStream, read_with_drops
 from tests.workers.conftest import APP_NAME
 
 AUTH = ("alice", "pw")
@@ -34,39 +34,6 @@ def path(run) -> str:
     return f"/api/agentrun/runs/{run.pk}/stream/"
 
 
-def read_with_drops(server: ASGIServer, run, rng: random.Random, timeout: float = 60):
-    """Read `run`'s stream to its end, dropping the connection after a random number of
-    frames each time and reconnecting with Last-Event-ID; per connection its frames."""
-    cursor, connections = None, []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        headers = {"Last-Event-ID": cursor} if cursor else {}
-        live = LiveStream(server.url, path(run), auth=AUTH, **headers)
-        if live.status == 204:
-            live.close()
-            return connections
-        assert live.status == 200, live.status
-        # Mostly early drops, sometimes late enough to see a turn's answer whole.
-        budget = rng.randint(1, 12) if rng.random() < 0.7 else rng.randint(40, 160)
-        frames, ended = [], False
-        for frame in live.frames():
-            if frame.event == "comment":
-                continue
-            frames.append(frame)
-            if frame.id is not None:
-                cursor = frame.id
-            if frame.event == "end":
-                ended = True
-                break
-            if len(frames) >= budget:
-                break
-        live.close()
-        connections.append(frames)
-        if ended:
-            return connections
-    raise AssertionError("the stream did not end in time")
-
-
 def test_streams__reconnects_at_random_miss_nothing_and_repeat_nothing(
     workers, messages_api, asgi_server, figures
 ):
@@ -80,7 +47,7 @@ def test_streams__reconnects_at_random_miss_nothing_and_repeat_nothing(
         ]
     )
     run = start_run("test-agent", "Tell me about otters.", owner=alice)
-    connections = read_with_drops(server, run, random.Random(18))
+    connections = read_with_drops(server, path(run), random.Random(18))
     wait_resting(run)
     # Ten dropped connections cancelled nothing: a disconnect is not a stop.
     assert (run.state, run.cancel_requested_at) == ("completed", None)

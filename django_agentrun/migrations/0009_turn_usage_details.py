@@ -6,7 +6,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("agentrun", "0007_conversations"),
+        ("agentrun", "0008_options_parsed_output"),
     ]
 
     operations = [
