@@ -394,7 +394,7 @@ class SchemaView(SpectacularAPIView):
         "PREPROCESSING_HOOKS": ["django_agentrun.api.base.this_api_only"],
         "POSTPROCESSING_HOOKS": [
             "drf_spectacular.hooks.postprocess_schema_enums",
-            "django_agentrun.api.sse.document_streams",
+            "django_agentrun.api.stream_schema.document_streams",
         ],
     }
 
