@@ -120,6 +120,11 @@ SELECT statement_timestamp()
 -- Every parameter is cast: the statement is prepared once per connection (store/sql.py),
 -- with no value to infer a type from.
 --
+-- The rows to change are read through LIMIT <their count> (the count the run's UPDATE
+-- checks anyway): the planner cannot see into a JSON list and takes it for 100 rows, which
+-- makes a hash join over a sequential scan of the whole turn or tool-call table look
+-- cheaper than a few primary-key lookups; with the LIMIT it plans the lookups.
+--
 -- Refusals: r matches only if the run is still in %(expected_state)s (when given), still
 -- held under %(epoch)s by %(owner)s (when given), and every row change matched its row.
 -- With no r the events' seq is 1, which the run's first event already has: the statement
@@ -141,7 +146,9 @@ turns_changed AS (
     "cache_creation_input_tokens" = CASE WHEN v.changes ? 'cache_creation_input_tokens' THEN p."cache_creation_input_tokens" ELSE t."cache_creation_input_tokens" END,
     "cache_read_input_tokens" = CASE WHEN v.changes ? 'cache_read_input_tokens' THEN p."cache_read_input_tokens" ELSE t."cache_read_input_tokens" END,
     "finished_at" = CASE WHEN v.changes ? 'finished_at' THEN p."finished_at" ELSE t."finished_at" END
-  FROM jsonb_to_recordset(%(turns_changed)s::jsonb) AS v("id" bigint, "expected" text, "changes" jsonb),
+  FROM (SELECT * FROM jsonb_to_recordset(%(turns_changed)s::jsonb)
+          AS x("id" bigint, "expected" text, "changes" jsonb)
+        LIMIT %(turns_changed_count)s::integer) AS v,
        LATERAL jsonb_populate_record(NULL::"agentrun_turn", v.changes) AS p
   WHERE t."id" = v."id" AND (v."expected" IS NULL OR t."state" = v."expected")
   RETURNING t."id"
@@ -182,7 +189,9 @@ calls_changed AS (
     "arguments" = CASE WHEN v.changes ? 'arguments' THEN p."arguments" ELSE c."arguments" END,
     "arguments_hash" = CASE WHEN v.changes ? 'arguments_hash' THEN p."arguments_hash" ELSE c."arguments_hash" END,
     "original_arguments" = CASE WHEN v.changes ? 'original_arguments' THEN p."original_arguments" ELSE c."original_arguments" END
-  FROM jsonb_to_recordset(%(calls_changed)s::jsonb) AS v("id" bigint, "expected" text, "changes" jsonb),
+  FROM (SELECT * FROM jsonb_to_recordset(%(calls_changed)s::jsonb)
+          AS x("id" bigint, "expected" text, "changes" jsonb)
+        LIMIT %(calls_changed_count)s::integer) AS v,
        LATERAL jsonb_populate_record(NULL::"agentrun_toolcall", v.changes) AS p
   WHERE c."id" = v."id" AND (v."expected" IS NULL OR c."state" = v."expected")
   RETURNING c."id"

@@ -63,8 +63,16 @@ def positional(name: str) -> tuple[str, tuple[str, ...]]:
     return _PARAMETER.sub(number, QUERIES[name]), tuple(names)
 
 
-# The statements prepared on each database connection (the driver's connection object).
-_prepared: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
+# The statements prepared on each database connection (the driver's connection object),
+# with how many times each was executed since it was prepared.
+_prepared: weakref.WeakKeyDictionary[Any, dict[str, int]] = weakref.WeakKeyDictionary()
+
+# A prepared statement keeps the plan Postgres made for it until something invalidates it
+# (an ANALYZE of its tables, a schema change). A worker's connection can outlive the size
+# its tables had then by far (a fresh database, autovacuum off or behind): prepare it again
+# after this many executions, so that its plan follows the tables (one planning per
+# thousand commits).
+REPLAN_EVERY = 1000
 
 
 def _binds_on_server(cursor: Any) -> bool:
@@ -85,11 +93,16 @@ def execute(cursor: Any, name: str, params: dict[str, Any]) -> None:
         cursor.execute(QUERIES[name], params)
         return
     raw = connection.connection
-    done = _prepared.setdefault(raw, set())
+    done = _prepared.setdefault(raw, {})
     text, names = positional(name)
-    if name not in done:
+    executed = done.get(name)
+    if executed is None:
         cursor.execute(f"PREPARE agentrun_{name} AS {text}")
-        done.add(name)
+        executed = 0
+    elif executed >= REPLAN_EVERY and not connection.in_atomic_block:
+        _prepare_again(cursor, name, text)
+        executed = 0
+    done[name] = executed + 1
     placeholders = ", ".join(["%s"] * len(names))
     values = [params[n] for n in names]
     try:
@@ -104,6 +117,17 @@ def execute(cursor: Any, name: str, params: dict[str, Any]) -> None:
 
 
 _NO_SUCH_STATEMENT = "26000"  # invalid_sql_statement_name
+
+
+def _prepare_again(cursor: Any, name: str, text: str) -> None:
+    """A new plan for `name` (outside any transaction of the caller's, so that an error
+    here aborts nothing): a session that lost it (DISCARD ALL) just prepares it."""
+    try:
+        cursor.execute(f"DEALLOCATE agentrun_{name}")
+    except DatabaseError as exc:
+        if _sqlstate(exc) != _NO_SUCH_STATEMENT:
+            raise
+    cursor.execute(f"PREPARE agentrun_{name} AS {text}")
 
 
 def _sqlstate(exc: Exception) -> str | None:

@@ -18,6 +18,7 @@ from django_agentrun import services, start_run, store, transitions
 from django_agentrun.exceptions import ConcurrentUpdate, LeaseLost
 from django_agentrun.models import Run, RunEvent, ToolCall, Turn
 from django_agentrun.states import ToolCallState
+from django_agentrun.store import sql as store_sql
 from django_agentrun.store.sql import sql
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.no_projection_check]
@@ -318,3 +319,68 @@ def test_write__names_every_column_it_may_change():
         inserted = re.search(rf'{table} AS \(\s*INSERT INTO "\w+" \((.*?)\)', text, re.S).group(1)
         columns = {f.column for f in model._meta.concrete_fields if not f.primary_key}
         assert set(re.findall(r'"(\w+)"', inserted)) == columns, table
+
+
+def test_write__prepared_again_after_replan_every_executions(leased, monkeypatch):
+    """A connection's plan follows its tables: after REPLAN_EVERY executions the statement is
+    prepared again (DEALLOCATE, PREPARE), and a session that lost it meanwhile is fine."""
+    if _server_side_binding():
+        pytest.skip("with server-side binding psycopg prepares it itself")
+    monkeypatch.setattr(store_sql, "REPLAN_EVERY", 2)
+    run, lease, _turn, _call = leased
+    names = []
+    for i in range(5):
+        if i == 3:
+            with connection.cursor() as cursor:
+                cursor.execute("DEALLOCATE ALL")
+        write = store.Write(run, lease)
+        write.record(("note", {}))
+        with CaptureQueriesContext(connection) as ctx:
+            store.send(write)
+        names.append([_name(q["sql"]) for q in ctx.captured_queries])
+    assert RunEvent.objects.filter(run_id=run.pk, type="note").count() == 5
+    # 0: first use; 2 and 4: the plan is REPLAN_EVERY executions old; 3: the session lost
+    # the statement (prepared again on the spot).
+    assert [i for i, sent in enumerate(names) if "prepare" in sent] == [0, 2, 3, 4], names
+    assert [i for i, sent in enumerate(names) if "DEALLOCATE agentrun_write" in sent] == [2, 4]
+
+
+def test_write__finds_the_rows_it_changes_by_primary_key(leased):
+    """The planner takes a JSON list for 100 rows, for which a hash join over a scan of the
+    whole turn or tool-call table (which grows with every run there ever was) looks cheaper
+    than primary-key lookups. Read through LIMIT <count>, the rows are looked up."""
+    run, _lease, turn, call = leased
+    with connection.cursor() as cursor:
+        for table, vary in (("agentrun_turn", "index"), ("agentrun_toolcall", "tool_call_id")):
+            cursor.execute(
+                "SELECT column_name FROM information_schema.columns"
+                " WHERE table_name = %s AND column_name <> 'id'",
+                [table],
+            )
+            columns = [f'"{c}"' for (c,) in cursor.fetchall()]
+            shifted = {
+                "index": '"index" + g',
+                "tool_call_id": "\"tool_call_id\" || '-' || g",
+            }[vary]
+            values = [shifted if c == f'"{vary}"' else c for c in columns]
+            row = turn if table == "agentrun_turn" else call
+            cursor.execute(
+                f"INSERT INTO {table} ({', '.join(columns)}) SELECT {', '.join(values)}"
+                f" FROM {table}, generate_series(1, 5000) AS g WHERE id = %s",
+                [row.pk],
+            )
+            cursor.execute(f"ANALYZE {table}")
+        text, names = store_sql.positional("write")
+        cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        cursor.execute(f"PREPARE agentrun_plan_test AS {text}")
+        try:
+            # One row to change of each kind, as in a tool call's commit.
+            values = ", ".join("1" if n.endswith("_count") else "NULL" for n in names)
+            cursor.execute(f"EXPLAIN EXECUTE agentrun_plan_test({values})")
+            plan = "\n".join(line for (line,) in cursor.fetchall())
+        finally:
+            cursor.execute("DEALLOCATE agentrun_plan_test")
+    assert "Seq Scan on agentrun_turn" not in plan, plan
+    assert "Seq Scan on agentrun_toolcall" not in plan, plan
+    assert "Index Scan using agentrun_turn_pkey" in plan, plan
+    assert "Index Scan using agentrun_toolcall_pkey" in plan, plan
