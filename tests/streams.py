@@ -4,6 +4,7 @@ the Server-Sent Events of a body parsed into frames."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,21 +25,30 @@ class Frame:
 
 def frames(body: str) -> list[Frame]:
     """The frames of an SSE body (comments and `retry:` lines left out)."""
-    found = []
-    for block in body.split("\n\n"):
-        event, data, frame_id = "message", [], None
-        for line in block.split("\n"):
-            name, _, value = line.partition(":")
-            value = value[1:] if value.startswith(" ") else value
-            if name == "event":
-                event = value
-            elif name == "data":
-                data.append(value)
-            elif name == "id":
-                frame_id = value
-        if data:
-            found.append(Frame(event, "\n".join(data), frame_id))
-    return found
+    return [f for f in parse([*body.split("\n"), ""]) if f.event != "comment"]
+
+
+def parse(lines: Iterable[str]) -> Iterator[Frame]:
+    """Frames from SSE lines as they come (a blank line ends one), and each comment line as
+    Frame("comment", text); `retry:` and unknown fields are left out."""
+    event, data, frame_id = "message", [], None
+    for line in lines:
+        if line == "":
+            if data:
+                yield Frame(event, "\n".join(data), frame_id)
+            event, data, frame_id = "message", [], None
+            continue
+        if line.startswith(":"):
+            yield Frame("comment", line)
+            continue
+        name, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if name == "event":
+            event = value
+        elif name == "data":
+            data.append(value)
+        elif name == "id":
+            frame_id = value
 
 
 def comments(body: str) -> list[str]:
@@ -88,28 +98,11 @@ class LiveStream:
 
     def frames(self):
         """Frames as they arrive, and comments (as Frame("comment", text))."""
-        event, data, frame_id = "message", [], None
-        while True:
-            raw = self.response.readline()
-            if not raw:
-                return
-            line = raw.decode().rstrip("\n")
-            if line == "":
-                if data:
-                    yield Frame(event, "\n".join(data), frame_id)
-                event, data, frame_id = "message", [], None
-                continue
-            if line.startswith(":"):
-                yield Frame("comment", line)
-                continue
-            name, _, value = line.partition(":")
-            value = value[1:] if value.startswith(" ") else value
-            if name == "event":
-                event = value
-            elif name == "data":
-                data.append(value)
-            elif name == "id":
-                frame_id = value
+        return parse(self._lines())
+
+    def _lines(self) -> Iterator[str]:
+        while raw := self.response.readline():
+            yield raw.decode().rstrip("\n")
 
     def close(self) -> None:
         self.conn.close()
