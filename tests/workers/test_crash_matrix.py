@@ -72,6 +72,18 @@ def finish(run):
     wait_resting(run, timeout=60, interval=0.3, before=lambda: reap(stale_after=1))
 
 
+def crash_then_finish(workers, point, start):
+    """A worker that crashes at `point` while it advances the run `start()` creates, then a
+    fresh worker and the reaper finish it; the run, at rest."""
+    first = workers.start(failpoints=f"{point}=crash", AGENTRUN_LEASE_SECONDS="2")
+    run = start()
+    code = workers.wait_exit(first, timeout=60)
+    assert code != 0, f"worker 1 should have crashed at {point}\n{workers.logs()}"
+    workers.start(AGENTRUN_LEASE_SECONDS="2")
+    finish(run)
+    return run
+
+
 # save_note is the second call of its turn: it goes in_flight in the commit that records
 # lookup's result, so these kill the worker inside and around that shared commit.
 SECOND_CALL = [
@@ -85,12 +97,9 @@ SECOND_CALL = [
 def test_crash_at__every_failpoint(point, workers, messages_api, settings):
     settings.AGENTRUN_LEASE_SECONDS = 2
     messages_api.script = script()
-    first = workers.start(failpoints=f"{point}=crash", AGENTRUN_LEASE_SECONDS="2")
-    run = start_run("test-agent", "Tell Ann her order shipped.")
-    code = workers.wait_exit(first, timeout=60)
-    assert code != 0, f"worker 1 should have crashed at {point}\n{workers.logs()}"
-    workers.start(AGENTRUN_LEASE_SECONDS="2")
-    finish(run)
+    run = crash_then_finish(
+        workers, point, lambda: start_run("test-agent", "Tell Ann her order shipped.")
+    )
 
     assert run.state == "completed", (run.state, run.error_code, run.error_message, workers.logs())
     assert_projection_matches(run)
@@ -160,12 +169,7 @@ def test_crash_at__failpoints__forked_run(point, workers, messages_api, settings
     assert original.state == "completed" and len(executions("send_message")) == 1
     purge_queue(queue)  # its own wake-ups, which no worker needs
     messages_api.script = script()
-    first = workers.start(failpoints=f"{point}=crash", AGENTRUN_LEASE_SECONDS="2")
-    run = fork_run(original, at_turn=1)
-    code = workers.wait_exit(first, timeout=60)
-    assert code != 0, f"worker 1 should have crashed at {point}\n{workers.logs()}"
-    workers.start(AGENTRUN_LEASE_SECONDS="2")
-    finish(run)
+    run = crash_then_finish(workers, point, lambda: fork_run(original, at_turn=1))
 
     assert run.state == "completed", (run.state, run.error_code, run.error_message, workers.logs())
     assert_projection_matches(run)
@@ -198,12 +202,9 @@ def test_crash_at__every_failpoint__follow_up(point, workers, messages_api, sett
     drive(send_message(conversation, "Hello."), ScriptedClient([reply(text("Hi."))]))
     purge_queue(queue)  # its own wake-ups, which no worker needs
     messages_api.script = by_step([Reply([text("Hi.")]), *replies()])
-    first = workers.start(failpoints=f"{point}=crash", AGENTRUN_LEASE_SECONDS="2")
-    run = send_message(conversation, "Tell Ann her order shipped.")
-    code = workers.wait_exit(first, timeout=60)
-    assert code != 0, f"worker 1 should have crashed at {point}\n{workers.logs()}"
-    workers.start(AGENTRUN_LEASE_SECONDS="2")
-    finish(run)
+    run = crash_then_finish(
+        workers, point, lambda: send_message(conversation, "Tell Ann her order shipped.")
+    )
 
     assert run.state == "completed", (run.state, run.error_code, run.error_message, workers.logs())
     assert_projection_matches(run)
@@ -262,12 +263,9 @@ def test_crash_at__every_failpoint__thinking_and_server_tool(
     and cost counted once, server tools never executed here)."""
     settings.AGENTRUN_LEASE_SECONDS = 2
     messages_api.script = by_step(thinking_and_server_tool())
-    first = workers.start(failpoints=f"{point}=crash", AGENTRUN_LEASE_SECONDS="2")
-    run = start_run("researcher", "Tell Ann her order shipped.")
-    code = workers.wait_exit(first, timeout=60)
-    assert code != 0, f"worker 1 should have crashed at {point}\n{workers.logs()}"
-    workers.start(AGENTRUN_LEASE_SECONDS="2")
-    finish(run)
+    run = crash_then_finish(
+        workers, point, lambda: start_run("researcher", "Tell Ann her order shipped.")
+    )
 
     assert run.state == "completed", (run.state, run.error_code, run.error_message, workers.logs())
     assert_projection_matches(run)
