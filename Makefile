@@ -31,13 +31,30 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
-test: install
+# The slow installs of the last two stages (Django 6's virtualenv; the release check's
+# archives and fresh virtualenvs) are built in the background while the first stages run
+# (logs in artifacts/prebuild-*.log); each of those stages waits for its build (flock).
+test:
+	@mkdir -p artifacts
+	@$(MAKE) --no-print-directory prebuild-django6 >artifacts/prebuild-django6.log 2>&1 &
+	@$(MAKE) --no-print-directory install
+	@$(MAKE) --no-print-directory prebuild-release >artifacts/prebuild-release.log 2>&1 &
 	@for stage in $(TEST_STAGES); do \
 	  started=$$(date +%s); \
-	  $(MAKE) --no-print-directory $$stage; status=$$?; \
+	  $(MAKE) --no-print-directory $$stage PREBUILT=1; status=$$?; \
 	  echo "stage $$stage: $$(( $$(date +%s) - started )) s (exit $$status)"; \
 	  [ $$status -eq 0 ] || exit $$status; \
 	done
+
+.PHONY: prebuild-django6 prebuild-release
+prebuild-django6:
+	flock $(VENV_DJANGO6).lock $(MAKE) --no-print-directory $(VENV_DJANGO6)/.installed
+
+RELEASE_WORK ?= artifacts/release-check
+prebuild-release: install
+	rm -rf $(RELEASE_WORK)
+	flock $(RELEASE_WORK).lock $(PYTHON) tools/release_check.py --python $(PYTHON313) \
+	  --prepare --keep $(RELEASE_WORK)
 
 lint: install
 	$(PYTHON) -m ruff check .
@@ -120,15 +137,25 @@ $(VENV_DJANGO6)/.installed: pyproject.toml
 	$(VENV_DJANGO6)/bin/python -m pip install -q -e ".[test]" "Django>=6.0,<6.1"
 	touch $@
 
-test-django6: $(VENV_DJANGO6)/.installed
+test-django6:
+	flock $(VENV_DJANGO6).lock $(MAKE) --no-print-directory $(VENV_DJANGO6)/.installed \
+	  || { cat artifacts/prebuild-django6.log 2>/dev/null; exit 1; }
 	env -u DATABASE_URL $(VENV_DJANGO6)/bin/python -m pytest tests/pure tests/db -q $(XDIST)
 	DATABASE_URL=$(PG_URL) $(VENV_DJANGO6)/bin/python -m pytest tests/db -q $(XDIST)
 
 # What a user installs: the wheel and the sdist built from a clean export, checked, listed
 # against the package's files, installed into fresh virtualenvs on Python 3.13 and run
 # as a fresh project (tools/release_check.py).
+# Under `make test` (PREBUILT=1) it tests what prebuild-release prepared in the background.
 test-release: install
-	DATABASE_URL=$(PG_URL) $(PYTHON) tools/release_check.py --python $(PYTHON313)
+	@if [ -n "$(PREBUILT)" ]; then \
+	  flock $(RELEASE_WORK).lock true; \
+	  cat artifacts/prebuild-release.log; \
+	  DATABASE_URL=$(PG_URL) $(PYTHON) tools/release_check.py --python $(PYTHON313) \
+	    --prepared --keep $(RELEASE_WORK); \
+	else \
+	  DATABASE_URL=$(PG_URL) $(PYTHON) tools/release_check.py --python $(PYTHON313); \
+	fi
 
 # The seed's scenario with real processes; SQLite and a server-less broker unless told otherwise.
 demo: install

@@ -12,12 +12,18 @@
 
     python tools/release_check.py --python python3.13 [--keep DIR]
 
+`make test` splits it in two so that the slow part (building, and installing into fresh
+virtualenvs) runs while the first test stages do: `--prepare --keep DIR` does steps 1-4 up
+to the installs (both virtualenvs at once) and records them in DIR/prepared.json;
+`--prepared --keep DIR` later runs the fresh-project tests on them and removes DIR.
+
 Needs what the fresh-project test needs: DATABASE_URL (Postgres) and Redis.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -26,6 +32,7 @@ import tarfile
 import tempfile
 import time
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,31 +56,63 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--archives-only", action="store_true", help="build and list the archives, no install"
     )
+    parser.add_argument(
+        "--prepare",
+        action="store_true",
+        help="build, list and install into --keep DIR only; a later --prepared run tests them",
+    )
+    parser.add_argument(
+        "--prepared",
+        action="store_true",
+        help="run the fresh-project tests on what --prepare left in --keep DIR, then remove it",
+    )
     args = parser.parse_args(argv)
+    if (args.prepare or args.prepared) and args.keep is None:
+        parser.error("--prepare and --prepared need --keep DIR")
     work = args.keep or Path(tempfile.mkdtemp(prefix="agentrun-release-"))
     work.mkdir(parents=True, exist_ok=True)
+    record = work / "prepared.json"
     try:
-        wheel, sdist = build(work)
-        for archive in (wheel, sdist):
-            missing = sorted(package_files(work / "export") - archive_files(archive))
-            if missing:
-                raise CheckFailed(
-                    f"{archive.name} lacks {len(missing)} file(s) of the package's tree "
-                    f"(pyproject.toml [tool.setuptools.package-data]): " + ", ".join(missing)
-                )
-            say(f"{archive.name}: every file of {PACKAGE}/ is in it")
-        if not args.archives_only:
-            for archive, tests in ((wheel, None), (sdist, SDIST_TESTS)):
-                python = install(work, archive, args.python)
-                fresh_project(python, tests)
+        if args.prepared:
+            if not record.exists():
+                raise CheckFailed(f"{record} is missing: the --prepare run failed or never ran")
+            pythons = [Path(p) for p in json.loads(record.read_text())]
+        else:
+            record.unlink(missing_ok=True)
+            archives = build_and_list(work)
+            if args.archives_only:
+                say("passed")
+                return 0
+            with ThreadPoolExecutor(len(archives)) as pool:
+                pythons = list(pool.map(lambda a: install(work, a, args.python), archives))
+            if args.prepare:
+                record.write_text(json.dumps([str(p) for p in pythons]))
+                say(f"prepared in {work}")
+                return 0
+        for python, tests in zip(pythons, (None, SDIST_TESTS), strict=True):
+            fresh_project(python, tests)
     except CheckFailed as exc:
         print(f"release check: FAILED: {exc}", file=sys.stderr)
         return 1
     finally:
-        if args.keep is None:
+        if args.keep is None or args.prepared:
             shutil.rmtree(work, ignore_errors=True)
     say("passed")
     return 0
+
+
+def build_and_list(work: Path) -> tuple[Path, Path]:
+    """The wheel and the sdist, each checked to hold every file of the package."""
+    wheel, sdist = build(work)
+    for archive in (wheel, sdist):
+        missing = sorted(package_files(work / "export") - archive_files(archive))
+        if missing:
+            raise CheckFailed(
+                f"{archive.name} lacks {len(missing)} file(s) of the package's tree "
+                f"(pyproject.toml [tool.setuptools.package-data]): " + ", ".join(missing)
+            )
+        say(f"{archive.name}: every file of {PACKAGE}/ is in it")
+    return wheel, sdist
 
 
 def say(message: str) -> None:
