@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from decimal import ROUND_HALF_EVEN, Decimal
 from typing import Any
 
-from ..catalog import model_info
+from ..catalog import US_ONLY_MULTIPLIER, model_info
 from ..media import block_tokens
 from ..tools import canonical_json
 
@@ -30,7 +30,9 @@ def cost_of(model: str, usage: Mapping[str, Any]) -> Decimal:
     Cache writes are priced by TTL (usage.cache_creation; the flat
     cache_creation_input_tokens as 5-minute writes when the response has no split), and
     the whole request at the price band its prompt (input + cache writes + cache reads)
-    falls in. Server tools: web search and web fetch requests per 1,000.
+    falls in. Server tools: web search and web fetch requests per 1,000. Tokens of a
+    response whose usage.inference_geo is "us" (US-only inference) at 1.1x, on every token
+    category; the server tools' per-request fees at their price (UNSOURCED either way).
     """
     info = model_info(model)
     if info is None:
@@ -52,6 +54,8 @@ def cost_of(model: str, usage: Mapping[str, Any]) -> Decimal:
         + write_1h * prices.cache_write_1h
         + read * prices.cache_read
     ) / MILLION
+    if usage.get("inference_geo") == "us":
+        tokens *= US_ONLY_MULTIPLIER
     tools = usage.get("server_tool_use")
     requests = Decimal(0)
     if isinstance(tools, Mapping):
