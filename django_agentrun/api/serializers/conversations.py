@@ -75,7 +75,7 @@ class MessageSerializer(IdempotencyKeyMixin, serializers.Serializer):
                     ]
                 }
             )
-        return attrs
+        return super().validate(attrs)
 
 
 class ConversationRunSerializer(RunSerializer):
