@@ -1,5 +1,5 @@
 """What the Messages API refuses, as data: one `Rule` per request rule the app and the
-stand-in apply, with the documentation page it comes from (`source`; None: UNSOURCED, the
+stand-in apply, with the documentation pages it comes from (`sources`; none: UNSOURCED, the
 stored docs do not say) and what the app does about it. `refusals` applies the per-model
 rules to one request's params, reading each model's entry (table.py) for its values.
 
@@ -37,14 +37,14 @@ class Rule:
 
     key: str
     refuses: str  # what the API refuses (or does), in a sentence
-    source: str | None  # the documentation page; None = UNSOURCED
+    sources: tuple[str, ...]  # the documentation pages; () = UNSOURCED
     app: str  # what the app does about it
     check: Check | None = None  # per-request check (None: enforced elsewhere, see `app`)
     note: str = ""
 
     @property
     def unsourced(self) -> bool:
-        return self.source is None
+        return not self.sources
 
 
 def _effort(params: Mapping[str, Any]) -> Any:
@@ -147,6 +147,19 @@ def _tool_choice(info: ModelInfo, params: Mapping[str, Any]) -> list[str]:
     return []
 
 
+def _thinking_x_tool_choice(info: ModelInfo, params: Mapping[str, Any]) -> list[str]:
+    thinking, choice = _thinking(params), params.get("tool_choice")
+    if thinking is None or thinking.get("type") in ("disabled", None):
+        return []
+    if isinstance(choice, Mapping) and choice.get("type") in ("any", "tool"):
+        return [
+            f"{info.id} does not accept thinking.type {thinking.get('type')!r} with tool_choice "
+            f"{{'type': {choice['type']!r}}}: Thinking may not be enabled when tool_choice "
+            "forces tool use"
+        ]
+    return []
+
+
 def _sampling(info: ModelInfo, params: Mapping[str, Any]) -> list[str]:
     if info.sampling:
         return []
@@ -180,14 +193,14 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "max_tokens",
         "max_tokens above the model's maximum output",
-        MODELS,
+        (MODELS,),
         "refused before the run starts (check, start_run, API 400)",
         _max_tokens,
     ),
     Rule(
         "max_tokens_zero",
         "nothing: max_tokens 0 is accepted (it fills the prompt cache without an answer)",
-        CACHING + "#pre-warming-the-cache",
+        (CACHING + "#pre-warming-the-cache",),
         "the stand-in accepts it as the API does (empty content, stop_reason max_tokens)",
         note="The response's shape for max_tokens 0 is UNSOURCED; the SDK's "
         "MessageCreateParams.max_tokens documents the value.",
@@ -197,7 +210,7 @@ RULES: tuple[Rule, ...] = (
         "a thinking.type the model does not take: disabled on Sonnet 5.5 (use between_tools), "
         "disabled or enabled on Opus 5.5 and Fable 5.1 (thinking is always on), budgets "
         "(enabled) on the 5 generation",
-        SONNET_5_5 + " ; " + OPUS_5_5,
+        (SONNET_5_5, OPUS_5_5),
         'refused before the run starts; thinking="off" sends what the model takes (disabled, '
         "or between_tools on Sonnet 5.5) and is refused, naming the alternative, where "
         "thinking cannot be off",
@@ -207,7 +220,7 @@ RULES: tuple[Rule, ...] = (
         "thinking_display",
         "thinking.display on a model without display, or with thinking between_tools "
         "(that type takes no other field)",
-        THINKING,
+        (THINKING,),
         'refused before the run starts; thinking_display needs thinking="adaptive"',
         _thinking_display,
     ),
@@ -215,7 +228,7 @@ RULES: tuple[Rule, ...] = (
         "effort_levels",
         "an output_config.effort level the model does not take (xhigh on the 4.6 models and "
         "Mythos Preview; any effort on Sonnet / Haiku 4.5)",
-        EFFORT,
+        (EFFORT,),
         "refused before the run starts",
         _effort_level,
     ),
@@ -223,14 +236,14 @@ RULES: tuple[Rule, ...] = (
         "thinking_x_effort",
         "thinking between_tools on Sonnet 5.5 at effort xhigh or max; thinking disabled on "
         "Opus 5 above effort high",
-        SONNET_5_5 + " ; " + OPUS_5_5,
+        (SONNET_5_5, OPUS_5_5),
         "refused before the run starts, naming the levels it is accepted at",
         _thinking_x_effort,
     ),
     Rule(
         "thinking_x_effort_haiku_5_5",
         "thinking disabled on Haiku 5.5 above effort high",
-        None,
+        (),
         "refused before the run starts (the same check, from the Haiku 5.5 entry)",
         note="Third-party guides quoting the Haiku 5.5 model page say so; the stored "
         "platform docs do not.",
@@ -238,43 +251,52 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "effort_fixed_in_conversation",
         "with thinking between_tools, a change of effort within a conversation",
-        SONNET_5_5,
+        (SONNET_5_5,),
         "a conversation keeps the options of its start: a message cannot set options "
         "(POST /conversations/{id}/messages/ with options is a 400)",
     ),
     Rule(
         "display_x_effort",
         "no display x effort coupling is documented",
-        None,
+        (),
         "no check",
         note="The stored docs name none; listed so that a later finding has its row.",
     ),
     Rule(
         "forced_tool_choice",
         'tool_choice {"type": "any"} or {"type": "tool"} on the 5.5 generation and Fable 5.1',
-        SONNET_5_5 + " ; " + OPUS_5_5,
+        (SONNET_5_5, OPUS_5_5),
         "refused before the run starts",
         _tool_choice,
         note="Haiku 5.5 and Fable / Mythos 5.2 refuse it here too: UNSOURCED.",
     ),
     Rule(
+        "thinking_x_tool_choice",
+        'thinking (adaptive, enabled, between_tools) with tool_choice "any" or "tool"',
+        (THINKING,),
+        "refused before the run starts",
+        _thinking_x_tool_choice,
+        note="Whether a model that thinks by default refuses a forced tool_choice with "
+        "thinking unset is UNSOURCED; not checked.",
+    ),
+    Rule(
         "sampling",
         "temperature, top_p or top_k other than the defaults on the 5 generation",
-        MODELS,
+        (MODELS,),
         "never sent (the SDK 1.0+ has no such options here)",
         _sampling,
     ),
     Rule(
         "structured_output",
         "output_config.format on a model without structured outputs",
-        MODELS,
+        (MODELS,),
         "refused before the run starts",
         _output_format,
     ),
     Rule(
         "server_tools",
         "a server tool version the model does not take",
-        None,
+        (),
         "refused before the run starts",
         _server_tools,
         note="Which versions each generation takes is UNSOURCED per version.",
@@ -282,20 +304,20 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "inference_geo",
         "inference_geo on a model before Claude Opus 4.6",
-        RESIDENCY,
+        (RESIDENCY,),
         "the app sends none; the stand-in refuses it as the API does",
         _inference_geo,
     ),
     Rule(
         "inference_geo_price",
         'nothing refused: usage.inference_geo "us" bills every token category at 1.1x',
-        "https://docs.aws.amazon.com/claude-platform/latest/userguide/data-residency.html",
+        ("https://docs.aws.amazon.com/claude-platform/latest/userguide/data-residency.html",),
         "cost_usd (budgets too) priced at 1.1x for a response whose usage says us",
     ),
     Rule(
         "cache_minimum",
         "nothing refused: a prefix shorter than the model's minimum is not cached",
-        None,
+        (),
         "cache_min_tokens per model (512 on Sonnet / Haiku 5.5, 2,048 on Mythos Preview)",
         note="The stored platform docs give no 5.5 or Mythos Preview figure; third-party "
         "tables give 512 for the 5.5 models.",
@@ -303,8 +325,8 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "window_4_6",
         "Claude Sonnet 4.6: 1M context window, 128K output; effort max accepted",
-        SONNET_4_6 + " ; " + EFFORT,
-        "in the table (the issue's 64K output and no max were the table's errors)",
+        (SONNET_4_6, EFFORT),
+        "in the table (it had a 64K output and no max)",
     ),
 )
 
@@ -314,3 +336,21 @@ BY_KEY = {rule.key: rule for rule in RULES}
 def applied(info: ModelInfo, params: Mapping[str, Any]) -> list[tuple[Rule, str]]:
     """Each refusal of `params` on `info`'s model, with the rule that makes it."""
     return [(rule, m) for rule in RULES if rule.check for m in rule.check(info, params)]
+
+
+def readme_table() -> str:
+    """The README table "What the API refuses, and what the app does about it": one row a
+    rule, UNSOURCED where the stored docs do not say (a row added to RULES shows up here)."""
+    rows = [
+        "| rule | what the API refuses | source | what the app does |",
+        "| --- | --- | --- | --- |",
+    ]
+    for rule in RULES:
+        source = ", ".join(f"[{_label(url)}]({url})" for url in rule.sources) or "UNSOURCED"
+        said = rule.refuses + (f" ({rule.note})" if rule.note else "")
+        rows.append(f"| `{rule.key}` | {said} | {source} | {rule.app} |")
+    return "\n".join(rows) + "\n"
+
+
+def _label(url: str) -> str:
+    return url.split("/docs/en/")[-1] if "/docs/en/" in url else url.split("//")[-1].split("/")[0]
