@@ -234,6 +234,7 @@ def resume_run(run: Run | Any, *, by: Any = None) -> Run:
         run = Run.objects.select_for_update().get(pk=getattr(run, "pk", run))
         if run.conversation_id is not None:
             _resumable_in_conversation(run)
+        check_refusals(run.config or {}, f"Run {run.pk}")  # as a new run, before it is queued
         now = timezone.now()
         fields: dict[str, Any] = {
             "error_code": "",

@@ -10,7 +10,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import reverse
 
-from django_agentrun import fork_run, send_message, start_conversation, start_run
+from django_agentrun import fork_run, resume_run, send_message, start_conversation, start_run
 from django_agentrun.agents import Agent, unregister_agent
 from django_agentrun.checks import check_agents
 from django_agentrun.exceptions import OptionRefused
@@ -138,3 +138,13 @@ def test_fork__a_run_whose_snapshot_the_model_refuses(owner):
     )
     assert_names_it(body["detail"])
     assert Run.objects.count() == 1
+
+
+def test_resume__a_run_whose_snapshot_the_model_refuses(owner):
+    run = factories.failed_run(owner=owner)
+    Run.objects.filter(pk=run.pk).update(config=refused_snapshot(run.config))
+    with pytest.raises(OptionRefused) as caught:
+        resume_run(run)
+    assert_names_it(str(caught.value))
+    run.refresh_from_db()
+    assert run.state == "failed"
