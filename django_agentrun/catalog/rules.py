@@ -254,6 +254,7 @@ RULES: tuple[Rule, ...] = (
         (SONNET_5_5,),
         "a conversation keeps the options of its start: a message cannot set options "
         "(POST /conversations/{id}/messages/ with options is a 400)",
+        note="The stand-in does not follow conversations across requests: not checked there.",
     ),
     Rule(
         "display_x_effort",
