@@ -21,7 +21,7 @@ from django_agentrun import Agent, tool
 from django_agentrun.agents import agent_request_params
 from django_agentrun.catalog import RULES, SHIPPED, refusals
 from django_agentrun.catalog.rules import readme_table
-from django_agentrun.engine.guards import cost_of
+from django_agentrun.engine.guards import cost_of, next_turn_cost
 from django_agentrun.exceptions import ConfigurationError, InvalidOption, OptionRefused
 from django_agentrun.services.runs import run_config
 from django_agentrun.testing.messages_api import MessagesAPIServer, Reply
@@ -184,6 +184,11 @@ def test_cost__us_only_inference_bills_1_1x():
     assert standard == Decimal("3")  # $2 input + $1 output
     assert cost_of("claude-sonnet-5-5", {**usage, "inference_geo": "us"}) == Decimal("3.3")
     assert cost_of("claude-sonnet-5-5", {**usage, "inference_geo": "global"}) == standard
+    # The budget's projection of the next turn too, once a run's answers say "us".
+    projected = next_turn_cost("claude-sonnet-5-5", 1000, 1000)
+    assert next_turn_cost("claude-sonnet-5-5", 1000, 1000, us_only=True) == projected * Decimal(
+        "1.1"
+    )
 
 
 # ---- what the app builds ----------------------------------------------------------------
