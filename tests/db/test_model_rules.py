@@ -5,6 +5,8 @@ turn 1); a conversation's options never change with a message."""
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 import pytest
 from django.contrib.auth.models import User
 from django.test import Client
@@ -14,7 +16,9 @@ from django_agentrun import fork_run, resume_run, send_message, start_conversati
 from django_agentrun.agents import Agent, unregister_agent
 from django_agentrun.checks import check_agents
 from django_agentrun.exceptions import OptionRefused
-from django_agentrun.models import Conversation, Run
+from django_agentrun.models import Conversation, Run, RunEvent
+from django_agentrun.testing import drive
+from django_agentrun.testing.messages_api import Reply, by_step, text
 from tests import factories
 from tests.conftest import assert_api_error
 
@@ -148,3 +152,22 @@ def test_resume__a_run_whose_snapshot_the_model_refuses(owner):
     assert_names_it(str(caught.value))
     run.refresh_from_db()
     assert run.state == "failed"
+
+
+def test_cost__a_us_only_answer_costs_1_1x_through_the_sdk(agentrun_messages_api):
+    """usage.inference_geo "us" (the request asked, or the workspace's default) is read
+    from the SDK's Usage and priced at 1.1x (Data residency, Claude Platform on AWS)."""
+    Agent(name="us-only", model=SONNET)
+    usage = {"input_tokens": 1_000_000, "output_tokens": 100_000}
+    try:
+        agentrun_messages_api.script = by_step(
+            [Reply([text("Done.")], usage={**usage, "inference_geo": "us"})]
+        )
+        run = drive(start_run("us-only", "Hi."))
+    finally:
+        unregister_agent("us-only")
+    assert run.state == "completed", run.error_message
+    assert run.cost_usd == Decimal("3.3")  # ($2 input + $1 output) x 1.1
+    event = RunEvent.objects.get(run=run, type="model_response")
+    assert event.payload["usage"]["inference_geo"] == "us"
+    assert run.turns.get().usage_details["inference_geo"] == "us"
