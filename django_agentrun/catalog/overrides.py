@@ -31,7 +31,14 @@ logger = logging.getLogger("django_agentrun.catalog")
 
 _PRICE_FIELDS = tuple(f.name for f in fields(Prices) if f.name != "bands")
 _INFO_FIELDS = {f.name for f in fields(ModelInfo)} - {"id"}
-_SET_FIELDS = {"thinking", "thinking_display", "effort", "server_tools", "fixed_effort_with"}
+_SET_FIELDS = {
+    "thinking",
+    "thinking_display",
+    "effort",
+    "server_tools",
+    "fixed_effort_with",
+    "unsourced",
+}
 _INT_FIELDS = {"context_window", "max_output", "cache_min_tokens"}
 _BOOL_FIELDS = {
     "forced_tool_choice",
@@ -131,6 +138,7 @@ def _merge(base: ModelInfo | None, model: str, raw: Any, where: str) -> ModelInf
                 "effort": frozenset(EFFORT_LEVELS),
                 "server_tools": None,
                 "fixed_effort_with": THINKING_TYPES,
+                "unsourced": frozenset(_INFO_FIELDS),
             }[name]
             bad = sorted(str(i) for i in items if not isinstance(i, str))
             if not bad and allowed is not None:

@@ -353,5 +353,15 @@ def readme_table() -> str:
     return "\n".join(rows) + "\n"
 
 
+def unsourced_values(table: Mapping[str, ModelInfo]) -> str:
+    """The README list of the model table's values the stored docs do not give, by model."""
+    lines = [
+        f"- `{info.id}`: {', '.join(f'`{f}`' for f in sorted(info.unsourced))}"
+        for info in sorted({i.id: i for i in table.values()}.values(), key=lambda i: i.id)
+        if info.unsourced
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def _label(url: str) -> str:
     return url.split("/docs/en/")[-1] if "/docs/en/" in url else url.split("//")[-1].split("/")[0]

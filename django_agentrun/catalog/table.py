@@ -62,6 +62,9 @@ _TABLE: tuple[ModelInfo, ...] = (
         cache_min_tokens=512,  # UNSOURCED for 5.2 (Fable 5: 512)
         prices=_p("8", "40", "10", "16", "0.20"),
         thinking_off=None,
+        unsourced=frozenset(
+            ("cache_min_tokens", "effort", "forced_tool_choice", "prices", "thinking")
+        ),
     ),
     _m(
         "claude-mythos-5-2",
@@ -74,6 +77,9 @@ _TABLE: tuple[ModelInfo, ...] = (
         cache_min_tokens=512,  # UNSOURCED (Mythos 5: 512)
         prices=_p("8", "40", "10", "16", "0.20"),  # as Fable 5.2, see above
         thinking_off=None,
+        unsourced=frozenset(
+            ("cache_min_tokens", "effort", "forced_tool_choice", "prices", "thinking")
+        ),
     ),
     # Opus 5.5: 1M / 128K, $4 / $20, writes $5 / $8, reads $0.20; thinking cannot be
     # disabled, forced tool use returns an error (overview page, "Breaking changes").
@@ -88,6 +94,7 @@ _TABLE: tuple[ModelInfo, ...] = (
         cache_min_tokens=512,  # UNSOURCED for 5.5 (Opus 5: 512)
         prices=_p("4", "20", "5", "8", "0.20"),
         thinking_off=None,
+        unsourced=frozenset(("cache_min_tokens", "effort")),
     ),
     # Sonnet 5.5: 1M / 128K, $2 / $10, writes $2.50 / $4; cache reads cut to $0.10 (0.05x)
     # on 2026-10-07 (pricing page as quoted by price trackers; the stored overview page
@@ -108,6 +115,7 @@ _TABLE: tuple[ModelInfo, ...] = (
         effort_by_thinking=(("between_tools", _UP_TO_HIGH),),
         thinking_off="between_tools",
         fixed_effort_with=frozenset({"between_tools"}),
+        unsourced=frozenset(("cache_min_tokens", "prices")),
     ),
     # Haiku 5.5: 1M / 128K; $0.10 / $0.50, writes $0.125 / $0.20, reads $0.01 for prompts
     # up to 100,000 tokens; $0.50 / $2.50, $0.625 / $1.00, $0.05 over (overview page).
@@ -124,6 +132,7 @@ _TABLE: tuple[ModelInfo, ...] = (
         prices=_p("0.10", "0.50", "0.125", "0.20", "0.01", bands=((100_000, _HAIKU_5_5_LONG),)),
         # "disabled only at high effort or below": UNSOURCED in the platform docs.
         effort_by_thinking=(("disabled", _UP_TO_HIGH),),
+        unsourced=frozenset(("cache_min_tokens", "effort_by_thinking", "forced_tool_choice")),
     ),
     # ---- legacy, still served --------------------------------------------------------------
     # Fable 5.1 / Mythos 5.1: $10 / $50, writes $12.50 / $20, reads $0.25 (pricing page);
@@ -140,6 +149,7 @@ _TABLE: tuple[ModelInfo, ...] = (
         cache_min_tokens=512,  # UNSOURCED for 5.1 (Fable 5: 512)
         prices=_p("10", "50", "12.50", "20", "0.25"),
         thinking_off=None,
+        unsourced=frozenset(("cache_min_tokens",)),
     ),
     _m(
         "claude-mythos-5-1",
@@ -152,6 +162,7 @@ _TABLE: tuple[ModelInfo, ...] = (
         cache_min_tokens=512,  # UNSOURCED
         prices=_p("10", "50", "12.50", "20", "0.25"),
         thinking_off=None,
+        unsourced=frozenset(("cache_min_tokens", "forced_tool_choice", "thinking")),
     ),
     # Fable 5 / Mythos 5: $10 / $50, writes $12.50 / $20, reads $1 (pricing page);
     # adaptive thinking only (Bedrock adaptive-thinking page); cache minimum 512.
@@ -166,6 +177,7 @@ _TABLE: tuple[ModelInfo, ...] = (
         cache_min_tokens=512,
         prices=_p("10", "50", "12.50", "20", "1"),
         thinking_off=None,
+        unsourced=frozenset(("sampling",)),
     ),
     _m(
         "claude-mythos-5",
@@ -178,6 +190,7 @@ _TABLE: tuple[ModelInfo, ...] = (
         cache_min_tokens=512,
         prices=_p("10", "50", "12.50", "20", "1"),
         thinking_off=None,
+        unsourced=frozenset(("sampling",)),
     ),
     # Opus 5: 1M / 128K, $5 / $25, writes $6.25 / $10, reads $0.50; thinking on by
     # default, disabled only at effort high or below (overview page); minimum 512.
@@ -193,6 +206,7 @@ _TABLE: tuple[ModelInfo, ...] = (
         prices=_p("5", "25", "6.25", "10", "0.50"),
         # Disabled accepted at effort high or below (What's new in Claude Opus 5.5).
         effort_by_thinking=(("disabled", _UP_TO_HIGH),),
+        unsourced=frozenset(("sampling",)),
     ),
     # Sonnet 5: 1M / 128K, $2 / $10, writes $2.50 / $4, reads $0.20; manual extended
     # thinking and non-default sampling parameters return 400 (overview page); min 1,024.
@@ -219,6 +233,7 @@ _TABLE: tuple[ModelInfo, ...] = (
         thinking_budget=False,
         cache_min_tokens=1024,
         prices=_p("5", "25", "6.25", "10", "0.50"),
+        unsourced=frozenset(("sampling",)),
     ),
     _m(
         "claude-opus-4-7",
@@ -230,6 +245,7 @@ _TABLE: tuple[ModelInfo, ...] = (
         thinking_budget=False,
         cache_min_tokens=2048,
         prices=_p("5", "25", "6.25", "10", "0.50"),
+        unsourced=frozenset(("sampling",)),
     ),
     # Mythos Preview: adaptive thinking only (Bedrock page). Prices: UNSOURCED (not on the
     # stored pricing page); $25 / $125 as announced for the research preview.
@@ -244,6 +260,7 @@ _TABLE: tuple[ModelInfo, ...] = (
         cache_min_tokens=2048,  # UNSOURCED (issue #24 quotes 2,048)
         prices=_p("25", "125", "31.25", "50", "2.50"),  # UNSOURCED
         thinking_off=None,
+        unsourced=frozenset(("cache_min_tokens", "prices", "sampling")),
     ),
     # Opus 4.6 / Sonnet 4.6: adaptive, or budgets (deprecated); effort low..high and max on
     # both (effort page); 1M / 128K both (model pages); minimums 4,096 (Opus 4.6) and
@@ -286,6 +303,7 @@ _TABLE: tuple[ModelInfo, ...] = (
         cache_min_tokens=4096,
         prices=_p("5", "25", "6.25", "10", "0.50"),
         inference_geo=False,
+        unsourced=frozenset(("thinking_display",)),
     ),
     # Sonnet 4.5: 200K / 64K, $3 / $15, writes $3.75 / $6, reads $0.30; minimum 1,024.
     # Still on the pricing page; kept for the projects that run it.

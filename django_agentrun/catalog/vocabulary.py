@@ -110,6 +110,9 @@ class ModelInfo:
     fixed_effort_with: frozenset[str] = frozenset()
     # The request's inference_geo accepted (Claude Opus 4.6 and later).
     inference_geo: bool = True
+    # The fields of this entry the stored platform docs do not give (UNSOURCED: from
+    # third-party pages, a sibling model, or this project's earlier beliefs).
+    unsourced: frozenset[str] = frozenset()
 
     def efforts_for(self, thinking: str) -> frozenset[str]:
         """The effort levels `thinking` (a thinking.type) is accepted at on this model."""

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from django_agentrun import Agent, tool
 from django_agentrun.agents import agent_request_params
 from django_agentrun.catalog import RULES, SHIPPED, refusals
-from django_agentrun.catalog.rules import readme_table
+from django_agentrun.catalog.rules import readme_table, unsourced_values
 from django_agentrun.engine.guards import cost_of, next_turn_cost
 from django_agentrun.exceptions import ConfigurationError, InvalidOption, OptionRefused
 from django_agentrun.services.runs import run_config
@@ -324,3 +324,8 @@ def test_readme__the_refusals_table_is_generated_from_the_rules():
     for rule in RULES:
         if rule.unsourced:
             assert f"| `{rule.key}` |" in found.group(1) and "UNSOURCED" in found.group(1)
+    values = re.search(
+        r"<!-- unsourced-values:[^\n]*-->\n(.*?)<!-- /unsourced-values -->", readme, re.S
+    )
+    assert values and values.group(1) == unsourced_values(SHIPPED)
+    assert "`claude-haiku-5-5`: `cache_min_tokens`, `effort_by_thinking`" in values.group(1)
