@@ -126,7 +126,7 @@ def _thinking_x_effort(info: ModelInfo, params: Mapping[str, Any]) -> list[str]:
         f"{info.id} does not accept thinking.type {kind!r} at output_config.effort "
         f"{effort!r} (only at {allowed})"
     )
-    if kind == "between_tools":
+    if kind == "between_tools" and effort in ("xhigh", "max"):
         message += ": to run at xhigh or max, use adaptive thinking (leave thinking unset)"
     return [message]
 

@@ -329,3 +329,18 @@ def test_readme__the_refusals_table_is_generated_from_the_rules():
     )
     assert values and values.group(1) == unsourced_values(SHIPPED)
     assert "`claude-haiku-5-5`: `cache_min_tokens`, `effort_by_thinking`" in values.group(1)
+
+
+def test_overrides__a_project_corrects_a_coupling(settings):
+    """AGENTRUN_MODELS merges the couplings like any other field (agentrun_models --json
+    prints them in the same shape)."""
+    params = {"thinking": {"type": "between_tools"}, "output_config": {"effort": "medium"}}
+    assert refusals("claude-sonnet-5-5", params) == []
+    settings.AGENTRUN_MODELS = {
+        "claude-sonnet-5-5": {"effort_by_thinking": {"between_tools": ["low"]}, "unsourced": []}
+    }
+    assert refusals("claude-sonnet-5-5", params) == [
+        "claude-sonnet-5-5 does not accept thinking.type 'between_tools' at output_config.effort "
+        "'medium' (only at low)"
+    ]
+    assert refusals("claude-sonnet-5-5", params, shipped_only=True) == []
