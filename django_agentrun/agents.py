@@ -15,6 +15,7 @@ import anthropic
 import pydantic
 from django.conf import settings
 
+from . import catalog
 from .conf import agentrun_settings
 from .exceptions import ConfigurationError, InvalidOption, UnknownAgent
 from .servertools import ContextStrategy, check_server_tools, context_params
@@ -158,7 +159,8 @@ class Agent:
                 if not isinstance(overrides["continue_on_max_tokens"], bool):
                     raise InvalidOption("continue_on_max_tokens must be true or false.")
                 continue_on_max_tokens = overrides["continue_on_max_tokens"]
-        params = request_options(options, tool_names=list(self.tools))
+        model = self.model or s.DEFAULT_MODEL
+        params = request_options(options, tool_names=list(self.tools), model=model)
         if self.output_schema is not None:
             params.setdefault("output_config", {})["format"] = {
                 "type": "json_schema",
@@ -168,7 +170,7 @@ class Agent:
         if self.strict_tools:
             tools = [strict_tool(t) for t in tools]
         return {
-            "model": self.model or s.DEFAULT_MODEL,
+            "model": model,
             "system": self.system,
             "tools": [
                 *(
@@ -203,7 +205,7 @@ class Agent:
 
 # Request options, as the installed SDK's MessageCreateParams (and its ThinkingConfig*,
 # OutputConfig and ToolChoice* params) spell them.
-THINKING = ("adaptive", "off")
+THINKING = ("adaptive", "between_tools", "off")
 THINKING_DISPLAY = ("summarized", "omitted")
 EFFORT = ("low", "medium", "high", "xhigh", "max")
 SERVICE_TIER = ("auto", "standard_only")
@@ -225,10 +227,19 @@ def _one_of(name: str, value: Any, allowed: tuple[str, ...]) -> None:
         raise InvalidOption(f"{name} must be one of {', '.join(allowed)}; got {value!r}.")
 
 
-def request_options(options: Mapping[str, Any], *, tool_names: list[str]) -> dict[str, Any]:
+def off_thinking(model: str | None) -> str:
+    """What thinking="off" sends on `model` (ModelInfo.thinking_off): where thinking cannot
+    be off, "disabled", which the model's refusal names with the alternative."""
+    info = catalog.model_info(model) if model else None
+    return (info.thinking_off if info is not None else None) or "disabled"
+
+
+def request_options(
+    options: Mapping[str, Any], *, tool_names: list[str], model: str | None = None
+) -> dict[str, Any]:
     """The Messages API params for the options an agent (or a run) sets: thinking,
     output_config.effort, tool_choice, stop_sequences, service_tier; left out when unset.
-    InvalidOption naming the option for a bad value."""
+    InvalidOption naming the option for a bad value; thinking="off" as `model` takes it."""
     params: dict[str, Any] = {}
     thinking, display = options.get("thinking"), options.get("thinking_display")
     _one_of("thinking", thinking, THINKING)
@@ -237,8 +248,8 @@ def request_options(options: Mapping[str, Any], *, tool_names: list[str]) -> dic
         raise InvalidOption('thinking_display needs thinking="adaptive".')
     if thinking == "adaptive":
         params["thinking"] = {"type": "adaptive", **({"display": display} if display else {})}
-    elif thinking == "off":
-        params["thinking"] = {"type": "disabled"}
+    elif thinking is not None:  # between_tools; "off" as the model takes it
+        params["thinking"] = {"type": off_thinking(model) if thinking == "off" else thinking}
     effort = options.get("effort")
     _one_of("effort", effort, EFFORT)
     if effort is not None:

@@ -20,7 +20,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from .. import services
-from ..exceptions import InvalidInput
+from ..exceptions import InvalidInput, OptionRefused
 from ..models import Conversation, Run
 from . import serializers as s
 from .base import AgentRunAPIView
@@ -152,6 +152,8 @@ class ConversationViewSet(
                 metadata=data.get("metadata"),
                 by=request.user,
             )
+        except OptionRefused:
+            raise  # option_refused: a 400 naming the option, the value and the model
         except InvalidInput as exc:
             raise ValidationError({"input": [str(exc)]}) from exc
         fresh = detail_queryset(Run.objects.filter(pk=run.pk)).get()

@@ -13,7 +13,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from .. import services
-from ..exceptions import InvalidInput
+from ..exceptions import InvalidInput, OptionRefused
 from . import serializers as s
 from .permissions import CanCancelRun
 from .schema import operation
@@ -53,6 +53,8 @@ class ForkActionMixin:
         body.is_valid(raise_exception=True)
         try:
             fork = services.fork_run(run, at_turn=body.validated_data["turn"], by=request.user)
+        except OptionRefused:
+            raise  # option_refused: a 400 naming the option, the value and the model
         except InvalidInput as exc:
             raise ValidationError({"turn": [str(exc)]}) from exc
         return self._detail(fork, status.HTTP_201_CREATED)  # type: ignore[attr-defined]

@@ -31,9 +31,22 @@ logger = logging.getLogger("django_agentrun.catalog")
 
 _PRICE_FIELDS = tuple(f.name for f in fields(Prices) if f.name != "bands")
 _INFO_FIELDS = {f.name for f in fields(ModelInfo)} - {"id"}
-_SET_FIELDS = {"thinking", "thinking_display", "effort", "server_tools"}
+_SET_FIELDS = {
+    "thinking",
+    "thinking_display",
+    "effort",
+    "server_tools",
+    "fixed_effort_with",
+    "unsourced",
+}
 _INT_FIELDS = {"context_window", "max_output", "cache_min_tokens"}
-_BOOL_FIELDS = {"forced_tool_choice", "sampling", "thinking_budget", "structured_output"}
+_BOOL_FIELDS = {
+    "forced_tool_choice",
+    "sampling",
+    "thinking_budget",
+    "structured_output",
+    "inference_geo",
+}
 
 
 class CatalogError(ValueError):
@@ -124,6 +137,8 @@ def _merge(base: ModelInfo | None, model: str, raw: Any, where: str) -> ModelInf
                 "thinking_display": THINKING_DISPLAYS,
                 "effort": frozenset(EFFORT_LEVELS),
                 "server_tools": None,
+                "fixed_effort_with": THINKING_TYPES,
+                "unsourced": frozenset(_INFO_FIELDS),
             }[name]
             bad = sorted(str(i) for i in items if not isinstance(i, str))
             if not bad and allowed is not None:
@@ -139,11 +154,34 @@ def _merge(base: ModelInfo | None, model: str, raw: Any, where: str) -> ModelInf
             if not isinstance(value, bool):
                 raise CatalogError(f"{where}.{name}: expected true or false, got {value!r}")
             values[name] = value
+        elif name == "thinking_off":
+            if value is not None and value not in THINKING_TYPES:
+                raise CatalogError(f"{where}.thinking_off: expected a thinking type or None")
+            values[name] = value
+        elif name == "effort_by_thinking":
+            values[name] = _couplings(value, f"{where}.effort_by_thinking")
         elif name == "status":
             if value not in STATUSES:
                 raise CatalogError(f"{where}.status: expected 'current' or 'legacy'")
             values[name] = value
     return ModelInfo(id=model, **values)
+
+
+def _couplings(value: Any, where: str) -> tuple[tuple[str, frozenset[str]], ...]:
+    """{thinking type: [effort levels it is accepted at]} as the table keeps it."""
+    if not isinstance(value, Mapping):
+        value = dict(value) if isinstance(value, list | tuple) else None
+    if value is None:
+        raise CatalogError(f"{where}: expected {{thinking type: [effort levels]}}")
+    out = []
+    for kind, levels in value.items():
+        if kind not in THINKING_TYPES or isinstance(levels, str):
+            raise CatalogError(f"{where}: bad entry {kind!r}")
+        levels = frozenset(levels)
+        if levels - set(EFFORT_LEVELS):
+            raise CatalogError(f"{where}.{kind}: unknown effort(s) {sorted(levels)}")
+        out.append((kind, levels))
+    return tuple(sorted(out))
 
 
 _file_cache: dict[str, Any] = {"key": None, "data": {}}

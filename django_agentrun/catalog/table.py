@@ -25,6 +25,7 @@ def _p(inp: str, out: str, w5: str, w1: str, read: str, **kw: Any) -> Prices:
 
 
 _ALL_EFFORT = frozenset(EFFORT_LEVELS)
+_UP_TO_HIGH = frozenset({"low", "medium", "high"})
 _DISPLAY = THINKING_DISPLAYS
 
 
@@ -60,6 +61,10 @@ _TABLE: tuple[ModelInfo, ...] = (
         thinking_budget=False,
         cache_min_tokens=512,  # UNSOURCED for 5.2 (Fable 5: 512)
         prices=_p("8", "40", "10", "16", "0.20"),
+        thinking_off=None,
+        unsourced=frozenset(
+            ("cache_min_tokens", "effort", "forced_tool_choice", "prices", "thinking")
+        ),
     ),
     _m(
         "claude-mythos-5-2",
@@ -71,6 +76,10 @@ _TABLE: tuple[ModelInfo, ...] = (
         thinking_budget=False,
         cache_min_tokens=512,  # UNSOURCED (Mythos 5: 512)
         prices=_p("8", "40", "10", "16", "0.20"),  # as Fable 5.2, see above
+        thinking_off=None,
+        unsourced=frozenset(
+            ("cache_min_tokens", "effort", "forced_tool_choice", "prices", "thinking")
+        ),
     ),
     # Opus 5.5: 1M / 128K, $4 / $20, writes $5 / $8, reads $0.20; thinking cannot be
     # disabled, forced tool use returns an error (overview page, "Breaking changes").
@@ -84,21 +93,29 @@ _TABLE: tuple[ModelInfo, ...] = (
         thinking_budget=False,
         cache_min_tokens=512,  # UNSOURCED for 5.5 (Opus 5: 512)
         prices=_p("4", "20", "5", "8", "0.20"),
+        thinking_off=None,
+        unsourced=frozenset(("cache_min_tokens", "effort")),
     ),
     # Sonnet 5.5: 1M / 128K, $2 / $10, writes $2.50 / $4; cache reads cut to $0.10 (0.05x)
     # on 2026-10-07 (pricing page as quoted by price trackers; the stored overview page
-    # still shows $0.20). Thinking adaptive, off with "disabled" or "between_tools";
-    # forced tool use returns an error (overview page).
+    # still shows $0.20). Thinking adaptive, or off up front with "between_tools" (its
+    # lowest setting, at effort low / medium / high only, the effort then fixed for the
+    # conversation); "disabled" returns 400; forced tool use returns an error (What's new
+    # in Claude Sonnet 5.5).
     _m(
         "claude-sonnet-5-5",
         "current",
-        thinking=frozenset({"adaptive", "disabled", "between_tools"}),
-        effort=_ALL_EFFORT,  # xhigh / max: UNSOURCED
+        thinking=frozenset({"adaptive", "between_tools"}),
+        effort=_ALL_EFFORT,  # xhigh and max named on the Sonnet 5.5 page (between_tools)
         forced_tool_choice=False,
         sampling=False,
         thinking_budget=False,
-        cache_min_tokens=1024,  # UNSOURCED for 5.5 (Sonnet 5: 1,024)
+        cache_min_tokens=512,  # UNSOURCED in the platform docs (third-party tables: 512)
         prices=_p("2", "10", "2.50", "4", "0.10"),
+        effort_by_thinking=(("between_tools", _UP_TO_HIGH),),
+        thinking_off="between_tools",
+        fixed_effort_with=frozenset({"between_tools"}),
+        unsourced=frozenset(("cache_min_tokens", "prices")),
     ),
     # Haiku 5.5: 1M / 128K; $0.10 / $0.50, writes $0.125 / $0.20, reads $0.01 for prompts
     # up to 100,000 tokens; $0.50 / $2.50, $0.625 / $1.00, $0.05 over (overview page).
@@ -111,8 +128,11 @@ _TABLE: tuple[ModelInfo, ...] = (
         forced_tool_choice=False,  # "current models refuse" (issue #19); page: UNSOURCED
         sampling=False,
         thinking_budget=False,
-        cache_min_tokens=1024,  # UNSOURCED
+        cache_min_tokens=512,  # UNSOURCED in the platform docs (third-party tables: 512)
         prices=_p("0.10", "0.50", "0.125", "0.20", "0.01", bands=((100_000, _HAIKU_5_5_LONG),)),
+        # "disabled only at high effort or below": UNSOURCED in the platform docs.
+        effort_by_thinking=(("disabled", _UP_TO_HIGH),),
+        unsourced=frozenset(("cache_min_tokens", "effort_by_thinking", "forced_tool_choice")),
     ),
     # ---- legacy, still served --------------------------------------------------------------
     # Fable 5.1 / Mythos 5.1: $10 / $50, writes $12.50 / $20, reads $0.25 (pricing page);
@@ -128,6 +148,8 @@ _TABLE: tuple[ModelInfo, ...] = (
         thinking_budget=False,
         cache_min_tokens=512,  # UNSOURCED for 5.1 (Fable 5: 512)
         prices=_p("10", "50", "12.50", "20", "0.25"),
+        thinking_off=None,
+        unsourced=frozenset(("cache_min_tokens",)),
     ),
     _m(
         "claude-mythos-5-1",
@@ -139,6 +161,8 @@ _TABLE: tuple[ModelInfo, ...] = (
         thinking_budget=False,
         cache_min_tokens=512,  # UNSOURCED
         prices=_p("10", "50", "12.50", "20", "0.25"),
+        thinking_off=None,
+        unsourced=frozenset(("cache_min_tokens", "forced_tool_choice", "thinking")),
     ),
     # Fable 5 / Mythos 5: $10 / $50, writes $12.50 / $20, reads $1 (pricing page);
     # adaptive thinking only (Bedrock adaptive-thinking page); cache minimum 512.
@@ -152,6 +176,8 @@ _TABLE: tuple[ModelInfo, ...] = (
         thinking_budget=False,
         cache_min_tokens=512,
         prices=_p("10", "50", "12.50", "20", "1"),
+        thinking_off=None,
+        unsourced=frozenset(("sampling",)),
     ),
     _m(
         "claude-mythos-5",
@@ -163,6 +189,8 @@ _TABLE: tuple[ModelInfo, ...] = (
         thinking_budget=False,
         cache_min_tokens=512,
         prices=_p("10", "50", "12.50", "20", "1"),
+        thinking_off=None,
+        unsourced=frozenset(("sampling",)),
     ),
     # Opus 5: 1M / 128K, $5 / $25, writes $6.25 / $10, reads $0.50; thinking on by
     # default, disabled only at effort high or below (overview page); minimum 512.
@@ -176,6 +204,9 @@ _TABLE: tuple[ModelInfo, ...] = (
         thinking_budget=False,
         cache_min_tokens=512,
         prices=_p("5", "25", "6.25", "10", "0.50"),
+        # Disabled accepted at effort high or below (What's new in Claude Opus 5.5).
+        effort_by_thinking=(("disabled", _UP_TO_HIGH),),
+        unsourced=frozenset(("sampling",)),
     ),
     # Sonnet 5: 1M / 128K, $2 / $10, writes $2.50 / $4, reads $0.20; manual extended
     # thinking and non-default sampling parameters return 400 (overview page); min 1,024.
@@ -202,6 +233,7 @@ _TABLE: tuple[ModelInfo, ...] = (
         thinking_budget=False,
         cache_min_tokens=1024,
         prices=_p("5", "25", "6.25", "10", "0.50"),
+        unsourced=frozenset(("sampling",)),
     ),
     _m(
         "claude-opus-4-7",
@@ -213,6 +245,7 @@ _TABLE: tuple[ModelInfo, ...] = (
         thinking_budget=False,
         cache_min_tokens=2048,
         prices=_p("5", "25", "6.25", "10", "0.50"),
+        unsourced=frozenset(("sampling",)),
     ),
     # Mythos Preview: adaptive thinking only (Bedrock page). Prices: UNSOURCED (not on the
     # stored pricing page); $25 / $125 as announced for the research preview.
@@ -220,15 +253,18 @@ _TABLE: tuple[ModelInfo, ...] = (
         "claude-mythos-preview",
         "legacy",
         thinking=frozenset({"adaptive"}),
-        effort=_ALL_EFFORT,
+        effort=frozenset({"low", "medium", "high", "max"}),  # no xhigh (effort page)
         forced_tool_choice=True,
         sampling=False,  # UNSOURCED
         thinking_budget=False,
-        cache_min_tokens=1024,  # UNSOURCED
+        cache_min_tokens=2048,  # UNSOURCED (issue #24 quotes 2,048)
         prices=_p("25", "125", "31.25", "50", "2.50"),  # UNSOURCED
+        thinking_off=None,
+        unsourced=frozenset(("cache_min_tokens", "prices", "sampling")),
     ),
-    # Opus 4.6 / Sonnet 4.6: adaptive, or budgets (deprecated); effort low..high, max on
-    # Opus 4.6 only; minimums 4,096 (Opus 4.6) and 1,024 (Sonnet 4.6).
+    # Opus 4.6 / Sonnet 4.6: adaptive, or budgets (deprecated); effort low..high and max on
+    # both (effort page); 1M / 128K both (model pages); minimums 4,096 (Opus 4.6) and
+    # 1,024 (Sonnet 4.6).
     _m(
         "claude-opus-4-6",
         "legacy",
@@ -243,9 +279,8 @@ _TABLE: tuple[ModelInfo, ...] = (
     _m(
         "claude-sonnet-4-6",
         "legacy",
-        max_output=64_000,  # 4.6 windows / outputs (1M / 128K, 1M / 64K): UNSOURCED
         thinking=frozenset({"adaptive", "enabled", "disabled"}),
-        effort=frozenset({"low", "medium", "high"}),
+        effort=frozenset({"low", "medium", "high", "max"}),
         forced_tool_choice=True,
         sampling=True,
         thinking_budget=True,
@@ -267,6 +302,8 @@ _TABLE: tuple[ModelInfo, ...] = (
         server_tools=EARLY_SERVER_TOOLS,
         cache_min_tokens=4096,
         prices=_p("5", "25", "6.25", "10", "0.50"),
+        inference_geo=False,
+        unsourced=frozenset(("thinking_display",)),
     ),
     # Sonnet 4.5: 200K / 64K, $3 / $15, writes $3.75 / $6, reads $0.30; minimum 1,024.
     # Still on the pricing page; kept for the projects that run it.
@@ -284,6 +321,7 @@ _TABLE: tuple[ModelInfo, ...] = (
         server_tools=EARLY_SERVER_TOOLS,
         cache_min_tokens=1024,
         prices=_p("3", "15", "3.75", "6", "0.30"),
+        inference_geo=False,
     ),
     # Haiku 4.5: 200K / 64K, $1 / $5, writes $1.25 / $2, reads $0.10; minimum 4,096.
     _m(
@@ -300,6 +338,7 @@ _TABLE: tuple[ModelInfo, ...] = (
         server_tools=EARLY_SERVER_TOOLS,
         cache_min_tokens=4096,
         prices=_p("1", "5", "1.25", "2", "0.10"),
+        inference_geo=False,
     ),
 )
 

@@ -13,6 +13,11 @@ THINKING_TYPES = frozenset({"adaptive", "enabled", "disabled", "between_tools"})
 THINKING_DISPLAYS = frozenset({"summarized", "omitted"})
 EFFORT_LEVELS = ("low", "medium", "high", "xhigh", "max")
 STATUSES = frozenset({"current", "legacy"})
+# US-only inference (usage.inference_geo "us") bills every token category at 1.1x the
+# standard price (Claude Platform on AWS, Data residency:
+# https://docs.aws.amazon.com/claude-platform/latest/userguide/data-residency.html; the
+# platform.claude.com data-residency page names the parameter and the models).
+US_ONLY_MULTIPLIER = Decimal("1.1")
 
 # Server tool type names (anthropic 2.16 ToolUnionParam), by family.
 WEB_SEARCH = ("web_search_20250305", "web_search_20260209", "web_search_20260318")
@@ -93,3 +98,22 @@ class ModelInfo:
     server_tools: frozenset[str]  # server tool type names accepted
     cache_min_tokens: int
     prices: Prices
+    # The couplings (catalog/rules.py says where each comes from):
+    # thinking type -> the output_config.effort levels it is accepted at (a type not named
+    # here: at every level the model accepts). Unset effort is the model's default level,
+    # which every shipped coupling accepts.
+    effort_by_thinking: tuple[tuple[str, frozenset[str]], ...] = ()
+    # What the Agent option thinking="off" sends on this model: "disabled", "between_tools"
+    # (the lowest setting where "disabled" is refused), or None: thinking cannot be off.
+    thinking_off: str | None = "disabled"
+    # Thinking types with which the effort may not change within a conversation.
+    fixed_effort_with: frozenset[str] = frozenset()
+    # The request's inference_geo accepted (Claude Opus 4.6 and later).
+    inference_geo: bool = True
+    # The fields of this entry the stored platform docs do not give (UNSOURCED: from
+    # third-party pages, a sibling model, or this project's earlier beliefs).
+    unsourced: frozenset[str] = frozenset()
+
+    def efforts_for(self, thinking: str) -> frozenset[str]:
+        """The effort levels `thinking` (a thinking.type) is accepted at on this model."""
+        return dict(self.effort_by_thinking).get(thinking, self.effort)

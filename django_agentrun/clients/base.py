@@ -27,6 +27,10 @@ def _get(data: Any, key: str) -> Any:
     return data.get(key) if isinstance(data, dict) else getattr(data, key, None)
 
 
+def _geo(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
 def _counts(data: Any, keys: tuple[str, ...]) -> tuple[tuple[str, int], ...] | None:
     """A nested usage object's counts, as sorted pairs (None: the response had none)."""
     if data is None:
@@ -46,6 +50,8 @@ class Usage:
     # pairs; None when the response had none. Kept for pricing (engine/guards.cost_of).
     cache_creation: tuple[tuple[str, int], ...] | None = None
     server_tool_use: tuple[tuple[str, int], ...] | None = None
+    # usage.inference_geo: where inference ran ("us" bills 1.1x; None: not said).
+    inference_geo: str | None = None
 
     def __post_init__(self) -> None:
         # Accept the API's dict shape too (Usage(**response_usage), scripted replies).
@@ -66,6 +72,7 @@ class Usage:
             **{key: get(key) for key in USAGE_KEYS},
             cache_creation=_counts(_get(data, "cache_creation"), CACHE_CREATION_KEYS),
             server_tool_use=_counts(_get(data, "server_tool_use"), SERVER_TOOL_USE_KEYS),
+            inference_geo=_geo(_get(data, "inference_geo")),
         )
 
     def as_dict(self) -> dict[str, int]:
@@ -79,6 +86,8 @@ class Usage:
             out["cache_creation"] = dict(self.cache_creation)
         if self.server_tool_use is not None:
             out["server_tool_use"] = dict(self.server_tool_use)
+        if self.inference_geo is not None:
+            out["inference_geo"] = self.inference_geo
         return out
 
     @property

@@ -125,6 +125,10 @@ def new_turn(step: Step) -> Commit | Turn:
             cost_usd=run.cost_usd,
             next_prompt_tokens=_estimate_next_prompt(step),
             max_tokens=config.get("max_tokens") or agentrun_settings.DEFAULT_MAX_TOKENS,
+            # The last answer ran US-only (a workspace default, say): the next one will too.
+            us_only=any(
+                (t.usage_details or {}).get("inference_geo") == "us" for t in step.turns[-1:]
+            ),
         )
         if breach is not None:
             write = step.write()

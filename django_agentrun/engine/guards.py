@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from decimal import ROUND_HALF_EVEN, Decimal
 from typing import Any
 
-from ..catalog import model_info
+from ..catalog import US_ONLY_MULTIPLIER, model_info
 from ..media import block_tokens
 from ..tools import canonical_json
 
@@ -30,7 +30,9 @@ def cost_of(model: str, usage: Mapping[str, Any]) -> Decimal:
     Cache writes are priced by TTL (usage.cache_creation; the flat
     cache_creation_input_tokens as 5-minute writes when the response has no split), and
     the whole request at the price band its prompt (input + cache writes + cache reads)
-    falls in. Server tools: web search and web fetch requests per 1,000.
+    falls in. Server tools: web search and web fetch requests per 1,000. Tokens of a
+    response whose usage.inference_geo is "us" (US-only inference) at 1.1x, on every token
+    category; the server tools' per-request fees at their price (UNSOURCED either way).
     """
     info = model_info(model)
     if info is None:
@@ -52,6 +54,8 @@ def cost_of(model: str, usage: Mapping[str, Any]) -> Decimal:
         + write_1h * prices.cache_write_1h
         + read * prices.cache_read
     ) / MILLION
+    if usage.get("inference_geo") == "us":
+        tokens *= US_ONLY_MULTIPLIER
     tools = usage.get("server_tool_use")
     requests = Decimal(0)
     if isinstance(tools, Mapping):
@@ -103,16 +107,20 @@ class Breach:
         )
 
 
-def next_turn_cost(model: str, prompt_tokens: int, max_tokens: int) -> Decimal:
+def next_turn_cost(
+    model: str, prompt_tokens: int, max_tokens: int, *, us_only: bool = False
+) -> Decimal:
     """The most the next turn can cost at `model`'s prices: the whole prompt at the
     dearest prompt price (a 1-hour cache write, in the band that prompt falls in), and
-    all of max_tokens of output; 0 for a model the table does not price."""
+    all of max_tokens of output (1.1x when the run's inference is US-only); 0 for a model
+    the table does not price."""
     info = model_info(model)
     if info is None:
         return Decimal(0)
     prices = info.prices.for_prompt(prompt_tokens)
     prompt_price = max(prices.input, prices.cache_write_5m, prices.cache_write_1h)
-    return (prompt_tokens * prompt_price + max_tokens * prices.output) / MILLION
+    cost = (prompt_tokens * prompt_price + max_tokens * prices.output) / MILLION
+    return cost * US_ONLY_MULTIPLIER if us_only else cost
 
 
 def check_budget(
@@ -123,6 +131,7 @@ def check_budget(
     cost_usd: Decimal,
     next_prompt_tokens: int,
     max_tokens: int,
+    us_only: bool = False,
 ) -> Breach | None:
     """Would the next turn breach a limit? Conservative: the whole next prompt may land
     in any one input counter, and the response may use all of max_tokens."""
@@ -141,7 +150,7 @@ def check_budget(
             return Breach(limit, value, allowed)
     allowed_cost = budget.get("max_cost_usd")
     if allowed_cost is not None:
-        next_cost = float(next_turn_cost(model, next_prompt_tokens, max_tokens))
+        next_cost = float(next_turn_cost(model, next_prompt_tokens, max_tokens, us_only=us_only))
         value = float(cost_usd) + next_cost
         if value > float(allowed_cost):
             return Breach("max_cost_usd", round(value, 6), allowed_cost)

@@ -28,7 +28,7 @@ from ..exceptions import ConversationBusy, IdempotencyConflict, InvalidInput
 from ..fields import check_json, check_text
 from ..models import Conversation, Run, RunEvent
 from ..states import RUN_ACTIVE, ConversationPolicy
-from .runs import add_cancel, run_config, validate_input
+from .runs import add_cancel, check_refusals, run_config, validate_input
 
 logger = logging.getLogger(__name__)
 
@@ -123,6 +123,9 @@ def send_message(
                 return existing
         chosen = chosen or conversation.policy
         get_agent(conversation.agent)  # its tools must still be there to run
+        # Its options are fixed at its start (with thinking between_tools the effort may
+        # not change within a conversation); a snapshot the model now refuses is a 400.
+        check_refusals(conversation.config or {}, f"Conversation {conversation.pk}")
         active = list(
             conversation.runs.filter(state__in=RUN_ACTIVE)
             .select_for_update()

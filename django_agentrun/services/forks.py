@@ -28,6 +28,7 @@ from ..events import EventType, payloads
 from ..exceptions import InvalidInput, InvalidTransition
 from ..models import Run, RunEvent, ToolCall, Turn, idempotency_key_for
 from ..states import TurnState
+from .runs import check_refusals
 
 logger = logging.getLogger(__name__)
 
@@ -124,6 +125,8 @@ def fork_run(run: Run | Any, *, at_turn: int, by: Any = None) -> Run:
             raise ForkRefused(
                 f"Run {original.pk} cannot be forked at turn {at_turn}: {point.reason}."
             )
+        # The same rules as a new run: a snapshot the model now refuses is a 400 here.
+        check_refusals(original.config or {}, f"Run {original.pk}")
         fork = _copy(original, at_turn, by)
         transaction.on_commit(lambda: wakeups.send(fork.pk))
     logger.info(

@@ -85,13 +85,23 @@ def run_config(
     if options is not None and not isinstance(options, dict):
         raise InvalidOption("options must be a JSON object.")
     config = agent.snapshot(options)
-    refused = catalog.refusals(config["model"], agent_request_params(config))
-    if refused:
-        raise OptionRefused(f"Agent {agent.name}: " + "; ".join(refused) + ".")
+    check_refusals(config, f"Agent {agent.name}")
     user_id = owner_user_id(owner)
     if user_id is not None:
         config["metadata"] = {"user_id": user_id}
     return config
+
+
+def check_refusals(config: dict[str, Any], who: str) -> None:
+    """OptionRefused (a 400 naming the option, the value and the model) when the model of a
+    configuration snapshot refuses what its requests would send: the same rules
+    (catalog.RULES) as manage.py check and the Messages API stand-in, applied before a run
+    is queued (a new run, a fork, a conversation message), never left to turn 1 or turn 30."""
+    if not config.get("model") or not config.get("max_tokens"):
+        return
+    refused = catalog.refusals(config["model"], agent_request_params(config))
+    if refused:
+        raise OptionRefused(f"{who}: " + "; ".join(refused) + ".")
 
 
 def run_context(agent: Agent, context: str | None) -> str:
@@ -224,6 +234,7 @@ def resume_run(run: Run | Any, *, by: Any = None) -> Run:
         run = Run.objects.select_for_update().get(pk=getattr(run, "pk", run))
         if run.conversation_id is not None:
             _resumable_in_conversation(run)
+        check_refusals(run.config or {}, f"Run {run.pk}")  # as a new run, before it is queued
         now = timezone.now()
         fields: dict[str, Any] = {
             "error_code": "",

@@ -110,7 +110,8 @@ def test_options__thinking_off_and_tool_choice_none(messages_api, claude, agents
     run = start_run("quiet", "hi")
     drive(run, claude)
     accepted(messages_api)
-    assert messages_api.bodies[0]["thinking"] == {"type": "disabled"}
+    # The default model (Sonnet 5.5) refuses "disabled": its lowest setting is sent.
+    assert messages_api.bodies[0]["thinking"] == {"type": "between_tools"}
     assert messages_api.bodies[0]["tool_choice"] == {"type": "none"}
     assert "metadata" not in messages_api.bodies[0]  # no owner, no user id
 
@@ -129,7 +130,7 @@ def test_options__a_run_overrides_the_agents(messages_api, claude, agents):
 @pytest.mark.parametrize(
     ("options", "says"),
     [
-        ({"thinking": "sometimes"}, "thinking must be one of adaptive, off"),
+        ({"thinking": "sometimes"}, "thinking must be one of adaptive, between_tools, off"),
         ({"thinking_display": "summarized"}, 'thinking_display needs thinking="adaptive"'),
         ({"effort": "extreme"}, "effort must be one of low, medium, high, xhigh, max"),
         ({"service_tier": "priority"}, "service_tier must be one of auto, standard_only"),

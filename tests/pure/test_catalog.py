@@ -88,8 +88,11 @@ def test_catalog__legacy_models_refuse_what_they_do_not_know():
     assert refusals(haiku, {"thinking": {"type": "adaptive"}}) == [
         "claude-haiku-4-5 does not accept thinking.type 'adaptive' (accepts: disabled, enabled)"
     ]
-    assert refusals("claude-sonnet-4-6", {"output_config": {"effort": "max"}}) == [
-        "claude-sonnet-4-6 does not accept output_config.effort 'max' (accepts: low, medium, high)"
+    # max on Sonnet 4.6 (effort page); xhigh is newer than the 4.6 models.
+    assert refusals("claude-sonnet-4-6", {"output_config": {"effort": "max"}}) == []
+    assert refusals("claude-sonnet-4-6", {"output_config": {"effort": "xhigh"}}) == [
+        "claude-sonnet-4-6 does not accept output_config.effort 'xhigh' "
+        "(accepts: low, medium, high, max)"
     ]
     assert refusals(haiku, {"tools": [{"type": "web_search_20260318", "name": "w"}]}) == [
         "claude-haiku-4-5 does not accept the server tool web_search_20260318"

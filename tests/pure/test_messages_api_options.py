@@ -52,7 +52,7 @@ def create(sdk: anthropic.Anthropic, **params: Any) -> Any:
 def refused(sdk: anthropic.Anthropic, **params: Any) -> str:
     with pytest.raises(anthropic.BadRequestError) as caught:
         create(sdk, **params)
-    return caught.value.message
+    return caught.value.body["error"]["message"]
 
 
 @pytest.mark.parametrize(

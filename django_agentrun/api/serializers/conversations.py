@@ -61,6 +61,22 @@ class MessageSerializer(IdempotencyKeyMixin, serializers.Serializer):
         "returns the first run (200).",
     )
 
+    def validate(self, attrs: dict) -> dict:
+        # A conversation's options are those of its start: with thinking between_tools the
+        # API refuses an effort that changes within a conversation (What's new in Claude
+        # Sonnet 5.5), so a message never changes them (said, not silently dropped).
+        if "options" in self.initial_data:
+            raise serializers.ValidationError(
+                {
+                    "options": [
+                        "A conversation keeps the options it started with (its model, "
+                        "thinking and effort): a message cannot change them. Start a new "
+                        "conversation for other options."
+                    ]
+                }
+            )
+        return super().validate(attrs)
+
 
 class ConversationRunSerializer(RunSerializer):
     """A run of a conversation: the message (input and context) and the answer."""

@@ -127,6 +127,13 @@ class Command(BaseCommand):
                         "structured_output": info.structured_output,
                         "server_tools": sorted(info.server_tools),
                         "cache_min_tokens": info.cache_min_tokens,
+                        # The couplings (catalog.RULES): effort levels by thinking type.
+                        "effort_by_thinking": {
+                            kind: [e for e in catalog.EFFORT_LEVELS if e in levels]
+                            for kind, levels in info.effort_by_thinking
+                        },
+                        "thinking_off": info.thinking_off,
+                        "inference_geo": info.inference_geo,
                         "prices": _prices_json(prices),
                     }
                 )

@@ -236,7 +236,13 @@ class Handler(BaseHTTPRequestHandler):
             self._send_error(exc)
             return
         try:
-            reply = as_reply(api.script, body) if api.script is not None else None
+            if body["max_tokens"] == 0:
+                # max_tokens 0 fills the prompt cache and writes nothing (SDK's
+                # MessageCreateParams.max_tokens; prompt-caching "Pre-warming the cache"):
+                # the script is not asked. The empty answer's shape is UNSOURCED.
+                reply = Reply(content=[], stop_reason="max_tokens", usage={"output_tokens": 0})
+            else:
+                reply = as_reply(api.script, body) if api.script is not None else None
             if reply is None:
                 raise ScriptExhausted("fake API has no script")
             _check_format(body, reply)

@@ -89,10 +89,11 @@ def mismatch(value: Any, schema: dict[str, Any], root: dict[str, Any], path: str
     return ""
 
 
-_THINKING_TYPES = ("adaptive", "enabled", "disabled")
+_THINKING_TYPES = ("adaptive", "enabled", "disabled", "between_tools")
 _DISPLAY = ("summarized", "omitted")
 _EFFORT = ("low", "medium", "high", "xhigh", "max")
 _SERVICE_TIERS = ("auto", "standard_only")
+_INFERENCE_GEOS = ("global", "us")  # the data-residency page's values
 
 
 def problem(body: dict[str, Any]) -> str | None:
@@ -104,9 +105,14 @@ def problem(body: dict[str, Any]) -> str | None:
         if not isinstance(config, dict) or config.get("type") not in _THINKING_TYPES:
             return (
                 "thinking: Input tag found using 'type' does not match any of the expected "
-                "tags: 'adaptive', 'enabled', 'disabled'"
+                "tags: 'adaptive', 'enabled', 'disabled', 'between_tools'"
             )
         kind = config["type"]
+        if kind == "between_tools":
+            # ThinkingConfigBetweenToolsParam (anthropic 2.16) has its type and nothing else.
+            for key in config:
+                if key != "type":
+                    return f"thinking.between_tools.{key}: Extra inputs are not permitted"
         if config.get("display") is not None and (
             kind == "disabled" or config["display"] not in _DISPLAY
         ):
@@ -142,5 +148,8 @@ def problem(body: dict[str, Any]) -> str | None:
     tier = body.get("service_tier")
     if tier is not None and tier not in _SERVICE_TIERS:
         return "service_tier: Input should be 'auto' or 'standard_only'"
+    geo = body.get("inference_geo")
+    if geo is not None and geo not in _INFERENCE_GEOS:
+        return "inference_geo: Input should be 'global' or 'us'"
     refused = refusals(body["model"], body, shipped_only=True)
     return "; ".join(refused) if refused else None

@@ -38,6 +38,9 @@ def usage(
         **(prompt or {}),
         "output_tokens": max(1, len(json.dumps(content)) // 4),
     }
+    if body.get("inference_geo") is not None:
+        # Where inference ran (usage.inference_geo, data-residency page): as asked.
+        counts["inference_geo"] = body["inference_geo"]
     if any(b.get("type") == "server_tool_use" for b in content):
         counts["server_tool_use"] = servertools.server_tool_usage(content)
     scripted = reply.usage or {}

@@ -193,8 +193,8 @@ def _validate(body: Any, betas: set[str] | None) -> None:
     max_tokens = body["max_tokens"]
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
         raise invalid("max_tokens: Input should be a valid integer")
-    if max_tokens < 1:
-        raise invalid("max_tokens: Input should be greater than or equal to 1")
+    if max_tokens < 0:  # 0 fills the prompt cache, no answer (catalog RULES max_tokens_zero)
+        raise invalid("max_tokens: Input should be greater than or equal to 0")
     if "stream" in body and not isinstance(body["stream"], bool):
         raise invalid("stream: Input should be a valid boolean")
     for key, low, high in (("temperature", 0.0, 1.0), ("top_p", 0.0, 1.0)):
