@@ -13,6 +13,7 @@ from django.utils.module_loading import import_string
 
 from . import model_checks
 from .conf import agentrun_settings
+from .engine.heartbeat import renewal_timing
 
 REAP_TASK = "django_agentrun.reap"
 # Celery options the README asks for, read from Django settings with the CELERY_ namespace.
@@ -201,6 +202,10 @@ def _setting_findings(conf: Any, unread: list[str]) -> list:
     return found
 
 
+# What a renewal must leave before the watchdog's stop (a round trip, a busy machine).
+MIN_RENEWAL_SLACK = 0.25
+
+
 @checks.register()
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
     found = []
@@ -212,6 +217,18 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
                 f"AGENTRUN_LEASE_SECONDS ({s.LEASE_SECONDS}).",
                 hint="The heartbeat must renew the lease well inside it: keep it at most a third.",
                 id="agentrun.E002",
+            )
+        )
+    renewal, stop = renewal_timing(s.LEASE_SECONDS, s.HEARTBEAT_SECONDS, s.CANCEL_GRACE_SECONDS)
+    if stop - renewal < MIN_RENEWAL_SLACK:
+        found.append(
+            checks.Error(
+                f"AGENTRUN_LEASE_SECONDS ({s.LEASE_SECONDS:g}) is too short to be renewed: the "
+                f"heartbeat renews it after {renewal:g} s, and a step not renewed by "
+                f"{stop:g} s is stopped.",
+                hint="Give the lease at least 3 seconds (the default is 30); with this one every "
+                "step that takes longer is stopped and its run taken back by the reaper.",
+                id="agentrun.E006",
             )
         )
     try:
