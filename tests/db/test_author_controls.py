@@ -12,11 +12,12 @@ from django.contrib.auth.models import User
 from django.urls import reverse
 from django.utils import timezone
 
-from django_agentrun import Agent, start_run
+from django_agentrun import Agent, start_conversation, start_run
 from django_agentrun.agents import unregister_agent
 from django_agentrun.conf import DEFAULTS
 from django_agentrun.exceptions import ConfigurationError
-from django_agentrun.models import Run
+from django_agentrun.fields import ESCAPE
+from django_agentrun.models import Conversation, Run
 from tests import factories
 from tests.conftest import assert_api_error
 
@@ -254,3 +255,70 @@ def test_idempotency__a_message_replayed_with_another_body_is_422(client, define
             "idempotency_key_reused",
         )
     assert Run.objects.count() == 1
+
+
+# --------------------------------------------------------------------------- bad input
+
+AWKWARD = "a\x00b \udcff c" + ESCAPE + "0000 <i>html</i>"
+
+
+def test_bad_input__nul_and_lone_surrogates_refused_in_every_json_field(client):
+    user = factories.user("pat", "approve_toolcall")
+    signed_in(client, user)
+    conversation = post(client, CONVERSATIONS, {"agent": "test-agent"}).json()["id"]
+    messages = reverse("agentrun:conversation-messages", args=[conversation])
+    run, call, _ = factories.parked(owner=user)
+    token = client.get(reverse("agentrun:run-detail", args=[run.pk])).json()
+    token = token["pending_decisions"][0]["token"]
+    cases = [
+        (RUNS, '{"agent": "test-agent", "input": "x", "metadata": {"k\\u0000": 1}}', "metadata"),
+        (RUNS, '{"agent": "test-agent", "input": "x", "metadata": {"\\udcff": 1}}', "metadata"),
+        (RUNS, '{"agent": "test-agent", "input": "x", "metadata": {"k": ["\\ud800"]}}', "metadata"),
+        (RUNS, '{"agent": "test-agent", "input": "x", "context": "a\\u0000"}', "context"),
+        (RUNS, '{"agent": "test-agent", "input": "x\\u0000"}', "input"),
+        (RUNS, '{"agent": "test-agent", "input": "x", "options": {"e\\u0000": 1}}', "options"),
+        (CONVERSATIONS, '{"agent": "test-agent", "metadata": {"k": "\\udcff"}}', "metadata"),
+        (messages, '{"input": "x", "metadata": {"\\u0000": "v"}}', "metadata"),
+        (messages, '{"input": [{"type": "text", "text": "x\\u0000"}]}', "input"),
+        (
+            reverse("agentrun:toolcall-approve", args=[call.pk]),
+            f'{{"token": "{token}", "arguments": {{"user": "b\\u0000b"}}}}',
+            "arguments",
+        ),
+    ]
+    runs = Run.objects.count()
+    for url, body, field in cases:
+        refused = assert_api_error(post(client, url, body), 400, "invalid")
+        assert list(refused["errors"]) == [field], (body, refused)
+    assert Run.objects.count() == runs
+
+
+def test_bad_input__stored_values_render_in_the_browsable_api_and_the_admin(client):
+    """Values stored through the ORM (tool output, an earlier release, a data migration) may
+    hold what the API refuses: no page that shows them answers 500."""
+    user = User.objects.create_superuser("root", password="pw")
+    run = start_run("test-agent", "x", owner=user)
+    conversation = start_conversation("test-agent", owner=user)
+    awkward = {AWKWARD: [AWKWARD, {"k": AWKWARD}]}
+    Run.objects.filter(pk=run.pk).update(metadata=awkward, output={"text": AWKWARD})
+    Conversation.objects.filter(pk=conversation.pk).update(metadata=awkward)
+    signed_in(client, user)
+    pages = [
+        reverse("agentrun:run-detail", args=[run.pk]),
+        reverse("agentrun:run-list"),
+        reverse("agentrun:run-events", args=[run.pk]),
+        reverse("agentrun:conversation-detail", args=[conversation.pk]),
+        reverse("agentrun:conversation-list"),
+    ]
+    for url in pages:
+        for how in ({"data": {"format": "api"}}, {"HTTP_ACCEPT": "text/html"}, {}):
+            response = client.get(url, **how)
+            assert response.status_code == 200, (url, how)
+        assert client.get(url).json()  # JSON, the surrogate escaped
+    for url in (
+        reverse("admin:agentrun_run_change", args=[run.pk]),
+        reverse("admin:agentrun_conversation_change", args=[conversation.pk]),
+    ):
+        response = client.get(url)
+        assert response.status_code == 200, url
+        assert "\x00" not in response.content.decode()
