@@ -12,8 +12,10 @@ from django.db import connections
 from django.utils.module_loading import import_string
 
 from . import model_checks
+from .access import api_rule
 from .conf import agentrun_settings
 from .engine.heartbeat import renewal_timing
+from .exceptions import ConfigurationError
 
 REAP_TASK = "django_agentrun.reap"
 # Celery options the README asks for, read from Django settings with the CELERY_ namespace.
@@ -231,6 +233,11 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
                 id="agentrun.E006",
             )
         )
+    try:
+        api_rule("AGENTRUN_API_START", s.API_START)
+    except ConfigurationError as exc:
+        hint = 'For example "agentrun.start_run" (the default), True or a function of the user.'
+        found.append(checks.Error(str(exc), hint=hint, id="agentrun.E007"))
     try:
         import_string(s.MODEL_CLIENT)
     except ImportError as exc:

@@ -131,6 +131,12 @@ def test_checks__a_lease_too_short_to_be_renewed(settings, lease, refused):
         assert "too short to be renewed" in found[0].msg and "at least 3 seconds" in found[0].hint
 
 
+@pytest.mark.parametrize(("rule", "refused"), [("start_run", True), (3, True), (True, False)])
+def test_checks__api_start_setting_of_another_kind(settings, rule, refused):
+    settings.AGENTRUN_API_START = rule
+    assert ("agentrun.E007" in ids(check_settings())) is refused
+
+
 def test_checks__cost_budget_for_a_model_without_price():
     Agent(name="unpriced", model="some-other-model", budget=Budget(max_cost_usd=1))
     try:
