@@ -105,10 +105,10 @@ def run_context(agent: Agent | None, context: str | None) -> str:
     check_text(context, "The context")
     hook = agent.context() if agent is not None and agent.context is not None else None
     if hook is not None and not isinstance(hook, str):
-        raise InvalidInput(f"Agent {agent.name}: its context hook must return text.")  # type: ignore[union-attr]
+        raise InvalidInput("context must be a string (the agent's context hook returned none).")
+    check_text(hook, "The agent's context")
     # A blank text block is refused by the API: blank context is no context.
-    parts = [text.strip() for text in (hook, context) if text and text.strip()]
-    return "\n\n".join(parts)
+    return "\n\n".join(text for text in (hook, context) if text and text.strip())
 
 
 def request_digest(**parts: Any) -> str:
