@@ -6,7 +6,7 @@ import hashlib
 import hmac
 import inspect
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any
@@ -16,6 +16,7 @@ import pydantic
 from django.conf import settings
 
 from . import catalog
+from .access import api_rule, option_names
 from .conf import agentrun_settings
 from .exceptions import ConfigurationError, InvalidOption, UnknownAgent
 from .servertools import ContextStrategy, check_server_tools, context_params
@@ -74,6 +75,8 @@ class Agent:
         service_tier: str | None = None,
         continue_on_max_tokens: bool = False,
         context: Callable[[], str] | None = None,
+        api_start: bool | str | Callable[[Any], bool] | None = None,
+        client_options: Iterable[str] = (),
         register: bool = True,
     ) -> None:
         if not name:
@@ -125,6 +128,9 @@ class Agent:
         if context is not None and not callable(context):
             raise ConfigurationError(f"Agent {name}: context must be a callable returning text")
         self.context = context
+        # What API clients may do with it (access.py): start it, set these run options.
+        self.api_start = api_rule(f"Agent {name}", api_start)
+        self.client_options = option_names(f"Agent {name}", client_options, RUN_OPTIONS)
         if max_turns is not None and max_turns < 1:
             raise ConfigurationError(f"Agent {name}: max_turns must be at least 1")
         if repeat_window is not None and repeat_window < 1:

@@ -12,7 +12,10 @@ from django.db import connections
 from django.utils.module_loading import import_string
 
 from . import model_checks
+from .access import api_rule
 from .conf import agentrun_settings
+from .engine.heartbeat import renewal_timing
+from .exceptions import ConfigurationError
 
 REAP_TASK = "django_agentrun.reap"
 # Celery options the README asks for, read from Django settings with the CELERY_ namespace.
@@ -201,6 +204,10 @@ def _setting_findings(conf: Any, unread: list[str]) -> list:
     return found
 
 
+# What a renewal must leave before the watchdog's stop (a round trip, a busy machine).
+MIN_RENEWAL_SLACK = 0.25
+
+
 @checks.register()
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
     found = []
@@ -214,6 +221,23 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
                 id="agentrun.E002",
             )
         )
+    renewal, stop = renewal_timing(s.LEASE_SECONDS, s.HEARTBEAT_SECONDS, s.CANCEL_GRACE_SECONDS)
+    if stop - renewal < MIN_RENEWAL_SLACK:
+        found.append(
+            checks.Error(
+                f"AGENTRUN_LEASE_SECONDS ({s.LEASE_SECONDS:g}) is too short to be renewed: the "
+                f"heartbeat renews it after {renewal:g} s, and a step not renewed by "
+                f"{stop:g} s is stopped.",
+                hint="Give the lease at least 3 seconds (the default is 30); with this one every "
+                "step that takes longer is stopped and its run taken back by the reaper.",
+                id="agentrun.E006",
+            )
+        )
+    try:
+        api_rule("AGENTRUN_API_START", s.API_START)
+    except ConfigurationError as exc:
+        hint = 'For example "agentrun.start_run" (the default), True or a function of the user.'
+        found.append(checks.Error(str(exc), hint=hint, id="agentrun.E007"))
     try:
         import_string(s.MODEL_CLIENT)
     except ImportError as exc:

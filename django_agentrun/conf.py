@@ -66,6 +66,10 @@ DEFAULTS: dict[str, Any] = {
     # Deprecated: per-model prices {model: {input, output, cache_write, cache_read}}; read
     # as AGENTRUN_MODELS = {model: {"prices": {...}}} (cache_write is the 5-minute price).
     "PRICES": {},
+    # Who may start runs of an agent through the API when the agent says nothing
+    # (Agent(api_start=...)): a permission name, True (any authenticated user), False
+    # (nobody) or a callable (user) -> bool.
+    "API_START": "agentrun.start_run",
     # Celery queue for the app's tasks (None: the default queue).
     "QUEUE": None,
     # Max age (seconds) of an approval token: a decision on a page shown longer ago than

@@ -97,9 +97,10 @@ class OptionRefused(InvalidOption):
 
 
 class IdempotencyConflict(AgentRunError):
-    """A run with this idempotency key exists with a different agent or input."""
+    """The idempotency key was used for a request that asked for something else (another
+    agent, input, metadata, deadline, options or context): the API's 422."""
 
-    code = "idempotency_conflict"
+    code = "idempotency_key_reused"
 
 
 class RunNotActive(InvalidTransition):

@@ -15,6 +15,9 @@ CANCEL_PERMISSION = "agentrun.cancel_run"
 APPROVE_PERMISSION = "agentrun.approve_toolcall"
 #: See every run, not only one's own.
 VIEW_ALL_PERMISSION = "agentrun.view_all_runs"
+#: Start runs and conversations through the API: the rule of an agent that sets none
+#: (`Agent(api_start=...)`, `AGENTRUN_API_START`).
+START_PERMISSION = "agentrun.start_run"
 
 
 def can_decide(user: Any) -> bool:
@@ -33,3 +36,15 @@ def can_act_on_run(user: Any, run: Any) -> bool:
     if not (user and user.is_authenticated):
         return False
     return (run.owner_id is not None and run.owner_id == user.pk) or can_cancel(user)
+
+
+def may_start(user: Any, rule: Any) -> bool:
+    """Whether `user` may start runs of an agent whose API rule is `rule`: True (any
+    authenticated user), False (nobody), a permission name, or a callable `(user) -> bool`."""
+    if not (user and user.is_authenticated) or rule is False or rule is None:
+        return False
+    if rule is True:
+        return True
+    if isinstance(rule, str):
+        return bool(user.has_perm(rule))
+    return bool(rule(user))

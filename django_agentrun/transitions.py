@@ -158,9 +158,9 @@ def cancel_text(call: ToolCall, text: str, *, started: bool = True) -> str:
     """The result a cancelled or timed-out call gives the model: what is known of whether
     it ran (an unknown outcome may have had its effect)."""
     if call.state == ToolCallState.UNKNOWN:
-        return f"{text}. The tool may have run; its outcome is unknown."
+        return f"{text}. The tool may have run and had its effect; its outcome is unknown."
     if call.state == ToolCallState.IN_FLIGHT and started:
-        return f"{text}. The tool may have started; its outcome is unknown."
+        return f"{text}. The tool may have started and had its effect; its outcome is unknown."
     return f"{text}. The tool was not run."
 
 

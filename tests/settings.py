@@ -29,6 +29,9 @@ AGENTRUN_STREAM_PREFIX = os.environ.get("AGENTRUN_STREAM_PREFIX", "agentrun-test
 for _name in ("STREAM_KEEPALIVE_SECONDS", "STREAM_POLL_SECONDS"):
     if os.environ.get(f"AGENTRUN_{_name}"):
         globals()[f"AGENTRUN_{_name}"] = float(os.environ[f"AGENTRUN_{_name}"])
+# The tests' users start every test agent through the API (the default asks for the
+# agentrun.start_run permission: tests/db/test_author_controls.py checks it).
+AGENTRUN_API_START = True
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):  # noqa: F405
     DATABASES["default"]["NAME"] = ":memory:"  # noqa: F405

@@ -105,7 +105,7 @@ class ConversationAdmin(admin.ModelAdmin):
                 for run in obj.runs.order_by("conversation_position")
             ),
         )
-        return format_html("<table>{}</table>", rows) if rows else format_html("—")
+        return format_html("<table>{}</table>", rows) if rows else "—"
 
     @admin.display(description=_("metadata"))
     def metadata_display(self, obj: Conversation) -> SafeString:

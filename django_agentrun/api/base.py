@@ -30,6 +30,15 @@ class StorableJSONRenderer(JSONRenderer):
             return text.encode()
 
 
+class StorableBrowsableAPIRenderer(BrowsableAPIRenderer):
+    """DRF's browsable API, showing the content as StorableJSONRenderer renders it (DRF
+    would take the first of the view's `renderer_classes`: the host's plain JSON renderer,
+    which fails on an unpaired surrogate, a 500 for every user who can see the run)."""
+
+    def get_default_renderer(self, view: Any) -> BaseRenderer:
+        return StorableJSONRenderer()
+
+
 def api_renderers() -> list[BaseRenderer]:
     """JSON always; the browsable API when its templates and static files are there
     (`rest_framework` installed) and the host has not turned it off in its defaults."""
@@ -38,7 +47,7 @@ def api_renderers() -> list[BaseRenderer]:
         issubclass(cls, BrowsableAPIRenderer) for cls in api_settings.DEFAULT_RENDERER_CLASSES
     )
     if browsable and apps.is_installed("rest_framework"):
-        renderers.append(BrowsableAPIRenderer())
+        renderers.append(StorableBrowsableAPIRenderer())
     return renderers
 
 

@@ -22,19 +22,20 @@ from rest_framework.response import Response
 from .. import services
 from ..exceptions import InvalidInput, OptionRefused
 from ..models import Conversation, Run
+from . import controls
 from . import serializers as s
 from .base import AgentRunAPIView
 from .pagination import ConversationPagination
 from .params import text_param
 from .permissions import CanSendMessage, CanStopConversation, visible_conversations
-from .schema import operation
+from .schema import REUSED_KEY, operation
 from .views import ANY_ID, detail_queryset
 
 MESSAGE_CONFLICTS = (
     "A run of the conversation is active and the message's policy is `reject` "
-    "(`conversation_busy`), or the idempotency key was used for another message "
-    "(`idempotency_conflict`)."
+    "(`conversation_busy`)."
 )
+NOT_STARTABLE = "The agent's `api_start` rule does not let you start it (`permission_denied`)."
 
 
 class ConversationViewSet(
@@ -96,11 +97,13 @@ class ConversationViewSet(
         ),
         request=s.ConversationCreateSerializer,
         responses={201: s.ConversationDetailSerializer},
+        errors={403: NOT_STARTABLE},
     )
     def create(self, request: Request) -> Response:
         body = s.ConversationCreateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         data = body.validated_data
+        controls.startable(request.user, data["agent"])
         conversation = services.start_conversation(
             data["agent"], owner=request.user, policy=data["policy"], metadata=data.get("metadata")
         )
@@ -130,7 +133,11 @@ class ConversationViewSet(
             201: s.RunDetailSerializer,
             200: OpenApiResponse(s.RunDetailSerializer, description="Same idempotency key."),
         },
-        errors={409: MESSAGE_CONFLICTS},
+        errors={
+            403: f"Not the conversation's owner, or {NOT_STARTABLE[0].lower()}{NOT_STARTABLE[1:]}",
+            409: MESSAGE_CONFLICTS,
+            422: REUSED_KEY,
+        },
     )
     @action(detail=True, methods=["post"], permission_classes=[IsAuthenticated, CanSendMessage])
     def messages(self, request: Request, pk: str | None = None) -> Response:
@@ -138,6 +145,7 @@ class ConversationViewSet(
         body = s.MessageSerializer(data=request.data, context={"request": request})
         body.is_valid(raise_exception=True)
         data = body.validated_data
+        controls.check_message(request.user, conversation.agent)
         key = data.get("idempotency_key")
         # Decides 200 vs 201 only (the service returns the first run either way).
         existed = key is not None and Run.objects.filter(owner=request.user, idempotency_key=key)
@@ -147,10 +155,18 @@ class ConversationViewSet(
                 conversation,
                 data["input"],
                 policy=data.get("policy"),
-                context=data["context"],
+                context=data.get("context"),
                 idempotency_key=key,
                 metadata=data.get("metadata"),
                 by=request.user,
+                request_hash=controls.digest(
+                    data,
+                    "input",
+                    "context",
+                    "metadata",
+                    "policy",
+                    conversation=str(conversation.pk),
+                ),
             )
         except OptionRefused:
             raise  # option_refused: a 400 naming the option, the value and the model

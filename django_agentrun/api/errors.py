@@ -45,7 +45,8 @@ ERROR_STATUS: dict[type[AgentRunError], int] = {
     ApprovalError: status.HTTP_409_CONFLICT,
     InvalidTransition: status.HTTP_409_CONFLICT,
     ConcurrentUpdate: status.HTTP_409_CONFLICT,
-    IdempotencyConflict: status.HTTP_409_CONFLICT,
+    # A key replayed with another body, as payment APIs answer it.
+    IdempotencyConflict: status.HTTP_422_UNPROCESSABLE_ENTITY,
 }
 
 

@@ -61,8 +61,13 @@ ERROR_STATUSES: dict[int, str] = {
     429: "Throttled by the host's throttle classes (`throttled`; see `Retry-After`).",
 }
 BODY_ERRORS = (
-    "Malformed JSON, JSON nested too deeply or holding NUL characters, unpaired surrogates "
-    "or non-finite numbers (`parse_error`); field errors (`invalid`)."
+    "Malformed JSON, JSON nested too deeply or holding non-finite numbers (`parse_error`); "
+    "field errors (`invalid`), NUL characters and unpaired surrogates in any string (keys "
+    "included) among them."
+)
+REUSED_KEY = (
+    "The idempotency key was used for a request that asked for something else "
+    "(`idempotency_key_reused`): use a new key for a new request."
 )
 QUERY_ERRORS = "A bad query parameter (`invalid`) or cursor (`invalid_cursor`)."
 

@@ -34,9 +34,9 @@ from rest_framework.response import Response
 from rest_framework.settings import api_settings
 
 from .. import services
-from ..exceptions import InvalidInput, InvalidOption, OptionRefused, UnknownAgent
 from ..models import Run, ToolCall, Turn
 from ..states import RunState
+from . import controls
 from . import serializers as s
 from .base import AgentRunAPIView, FormatNegotiation
 from .errors import ERROR_STATUS, exception_handler, status_for
@@ -148,7 +148,10 @@ class RunViewSet(
         summary="Start a run",
         description=(
             "Creates a queued run owned by the caller and enqueues it. With an idempotency key "
-            "(body or `Idempotency-Key` header) a repeated request returns the first run (200)."
+            "(body or `Idempotency-Key` header) a repeated request returns the first run (200); "
+            "the same key with another body is a 422. The agent decides who may start it "
+            "(`api_start`) and which `options` a client may set (`client_options`); a "
+            "`deadline` past the agent's own time limit is brought back to it."
         ),
         request=s.RunCreateSerializer,
         parameters=(
@@ -158,36 +161,12 @@ class RunViewSet(
             201: s.RunDetailSerializer,
             200: OpenApiResponse(s.RunDetailSerializer, description="Same idempotency key."),
         },
-        errors={409: "The idempotency key was used with another agent or input."},
+        errors=controls.START_ERRORS,
     )
     def create(self, request: Request) -> Response:
         body = s.RunCreateSerializer(data=request.data, context={"request": request})
         body.is_valid(raise_exception=True)
-        data = body.validated_data
-        key = data.get("idempotency_key")
-        # Decides 200 vs 201 only; two racing first requests may both get 201 (same run).
-        existed = (
-            key is not None and Run.objects.filter(owner=request.user, idempotency_key=key).exists()
-        )
-        try:
-            run = services.start_run(
-                data["agent"],
-                data["input"],
-                owner=request.user,
-                idempotency_key=key,
-                metadata=data.get("metadata"),
-                correlation_id=data.get("correlation_id") or None,
-                deadline=data.get("deadline"),
-                options=data.get("options"),
-                context=data.get("context"),
-            )
-        except UnknownAgent as exc:
-            raise ValidationError({"agent": [str(exc)]}) from exc
-        except OptionRefused:
-            raise  # option_refused: a 400 naming the option and the model
-        except InvalidInput as exc:
-            field = "options" if isinstance(exc, InvalidOption) else "input"
-            raise ValidationError({field: [str(exc)]}) from exc
+        run, existed = controls.start(request.user, body.validated_data)
         return self._detail(run, status.HTTP_200_OK if existed else status.HTTP_201_CREATED)
 
     @operation(

@@ -69,6 +69,9 @@ class _StreamHandle:
             response.close()
 
 
+NO_API_KEY = "No Anthropic API key: set ANTHROPIC_API_KEY in the worker's environment."
+
+
 class AnthropicModelClient:
     """Streams Messages API calls with the `anthropic` SDK.
 
@@ -287,6 +290,8 @@ class AnthropicModelClient:
             )
         if isinstance(exc, anthropic.AnthropicError):
             return ModelError(self._redact(f"{type(exc).__name__}: {exc}"), retryable=False)
+        if isinstance(exc, TypeError) and "authentication method" in str(exc):
+            return ModelError(NO_API_KEY, retryable=False)  # the SDK found no credentials
         return exc  # a bug, not a model failure: let it surface as itself
 
     def _redact(self, message: str) -> str:

@@ -108,7 +108,11 @@ def invoke(step: Step, tool: Tool, call: ToolCall) -> Outcome:
     try:
         value = tool.invoke(step.context(call), call.arguments)
     except ToolCancelled as exc:
-        return _executed(ToolCallState.CANCELLED, f"Cancelled while running: {exc}", True)
+        # The handler had started: whatever it did before it stopped may have taken effect.
+        text = (
+            f"Cancelled while running: {exc}. The tool may have had its effect before it stopped."
+        )
+        return _executed(ToolCallState.CANCELLED, text, True)
     except InvalidContent as exc:  # e.g. a ToolResult with a bad block: the handler's bug
         return _executed(ToolCallState.ERRORED, bad_result(call, exc), True)
     except ToolError as exc:

@@ -19,6 +19,7 @@ the last renewal the database confirmed (the time taken *before* it was sent):
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 import threading
@@ -38,6 +39,19 @@ EXIT_CODE = 75  # EX_TEMPFAIL
 def margin_seconds(lease_seconds: float) -> float:
     """How long before the lease runs out the process must be gone."""
     return min(1.0, lease_seconds / 10)
+
+
+def renewal_timing(
+    lease_seconds: float, poll_seconds: float, grace_seconds: float
+) -> tuple[float, float]:
+    """When, after a claim, the beat sends its first renewal and the watchdog stops a step
+    not yet renewed (as `_beat_loop` and `_watch` time them): a lease whose renewal does not
+    come well before the stop is never renewed in time."""
+    renew_every = max(lease_seconds / 3, poll_seconds)
+    if poll_seconds > 0:
+        renew_every = math.ceil(renew_every / poll_seconds - 1e-9) * poll_seconds
+    stop_before = min(grace_seconds + margin_seconds(lease_seconds), lease_seconds / 2)
+    return renew_every, lease_seconds - stop_before
 
 
 class Heartbeat:

@@ -97,6 +97,9 @@ class Run(FSMModelMixin, UsageCounts):
     metadata = json_field(default=dict, blank=True)
     # NULL, not "": runs without a key must not collide in the unique constraints.
     idempotency_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
+    # A digest of what the request with that key asked for: a replay asking for something
+    # else is refused ("" for runs started before it was kept: their agent and input decide).
+    request_hash = models.CharField(max_length=64, blank=True, default="")
 
     # Usage totals (UsageCounts), counted once per recorded response.
     cost_usd = models.DecimalField(max_digits=14, decimal_places=6, default=0)
@@ -189,6 +192,7 @@ class Run(FSMModelMixin, UsageCounts):
         ordering = ["-created_at"]
         permissions = [
             ("cancel_run", "Can cancel and resume agent runs"),
+            ("start_run", "Can start runs of agents through the API"),
             ("view_all_runs", "Can view every agent run, not only their own"),
         ]
         constraints = [

@@ -28,7 +28,14 @@ from ..exceptions import ConversationBusy, IdempotencyConflict, InvalidInput
 from ..fields import check_json, check_text
 from ..models import Conversation, Run, RunEvent
 from ..states import RUN_ACTIVE, ConversationPolicy
-from .runs import add_cancel, check_refusals, run_config, validate_input
+from .runs import (
+    add_cancel,
+    check_refusals,
+    request_digest,
+    run_config,
+    run_context,
+    validate_input,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +90,7 @@ def send_message(
     idempotency_key: str | None = None,
     metadata: dict[str, Any] | None = None,
     by: Any = None,
+    request_hash: str | None = None,
 ) -> Run:
     """Start the conversation's next run: its history is the earlier runs' (rolled-back
     ones left out), then `input`, then `context` (a text block of the same user message:
@@ -96,29 +104,30 @@ def send_message(
     them out of the history from now on. With an idempotency key (unique per owner, as
     for runs) a repeated message returns the first run and changes nothing."""
     input = validate_input(input)
-    if context is None:
-        # The agent's context hook (a date, a mode), called once: stored on the run.
-        name = getattr(conversation, "agent", None)
-        if name is None:
-            name = Conversation.objects.filter(pk=conversation).values_list("agent", flat=True)
-            name = name.first()
-        agent = registered_agents().get(name or "")
-        context = agent.context() if agent is not None and agent.context is not None else None
-    if context is not None and not isinstance(context, str):
-        raise InvalidInput("context must be a string.")
-    check_text(context, "The context")
     check_text(idempotency_key, "The idempotency key")
     metadata = _metadata(metadata)
     chosen = _policy(policy) if policy is not None else None
-    # A blank text block is refused by the API: blank context is no context.
-    context = context if context and context.strip() else ""
+    if request_hash is None and idempotency_key is not None:
+        request_hash = request_digest(
+            conversation=str(getattr(conversation, "pk", conversation)),
+            input=input,
+            context=context or "",
+            metadata=metadata,
+            policy=chosen,
+        )
+    # The agent's context hook (a date, a mode) runs for every message, its text first.
+    name = getattr(conversation, "agent", None)
+    if name is None:
+        name = Conversation.objects.filter(pk=conversation).values_list("agent", flat=True)
+        name = name.first()
+    context = run_context(registered_agents().get(name or ""), context)
     with transaction.atomic():
         # Serialises the messages of one conversation: positions, policies and keys.
         conversation = Conversation.objects.select_for_update().get(
             pk=getattr(conversation, "pk", conversation)
         )
         if idempotency_key is not None:
-            existing = _existing(conversation, idempotency_key, input, context)
+            existing = _existing(conversation, idempotency_key, input, request_hash)
             if existing is not None:
                 return existing
         chosen = chosen or conversation.policy
@@ -138,9 +147,13 @@ def send_message(
             )
         try:
             with transaction.atomic():
-                run = _new_run(conversation, input, context, idempotency_key, metadata)
+                run = _new_run(
+                    conversation, input, context, idempotency_key, metadata, request_hash or ""
+                )
         except IntegrityError:
-            existing = idempotency_key and _existing(conversation, idempotency_key, input, context)
+            existing = idempotency_key and _existing(
+                conversation, idempotency_key, input, request_hash
+            )
             if not existing:
                 raise
             return existing
@@ -169,6 +182,7 @@ def _new_run(
     context: str,
     key: str | None,
     metadata: dict[str, Any],
+    request_hash: str = "",
 ) -> Run:
     last = conversation.runs.aggregate(last=Max("conversation_position"))["last"]
     limit = (conversation.config or {}).get("deadline_seconds")
@@ -179,6 +193,7 @@ def _new_run(
         config=conversation.config,
         owner=conversation.owner,
         idempotency_key=key,
+        request_hash=request_hash,
         metadata=metadata,
         correlation_id=uuid.uuid4().hex,
         deadline=timezone.now() + timedelta(seconds=limit) if limit else None,
@@ -191,14 +206,17 @@ def _new_run(
     return run
 
 
-def _existing(conversation: Conversation, key: str, input: Any, context: str) -> Run | None:
+def _existing(conversation: Conversation, key: str, input: Any, digest: str | None) -> Run | None:
     run = Run.objects.filter(owner=conversation.owner, idempotency_key=key).first()
     if run is not None and (
-        run.conversation_id != conversation.pk or run.input != input or run.context != context
+        run.conversation_id != conversation.pk
+        or run.input != input
+        or (digest and run.request_hash and run.request_hash != digest)
     ):
         raise IdempotencyConflict(
             f"Idempotency key {key!r} was used for another run ({run.pk}) with a different "
-            "conversation, input or context."
+            "conversation or message (input, context, metadata or policy): use a new key for "
+            "a new message."
         )
     return run
 

@@ -116,10 +116,7 @@ def fork_run(run: Run | Any, *, at_turn: int, by: Any = None) -> Run:
         original = Run.objects.select_for_update().get(pk=getattr(run, "pk", run))
         points = fork_points(original)
         if at_turn >= len(points):
-            last = len(points) - 1
-            raise InvalidInput(
-                f"Run {original.pk} has no turn {at_turn}: fork from a turn between 0 and {last}."
-            )
+            raise InvalidInput(f"Run {original.pk} has no turn {at_turn}: {_offer(points)}")
         point = points[at_turn]
         if not point.allowed:
             raise ForkRefused(
@@ -137,6 +134,16 @@ def fork_run(run: Run | Any, *, at_turn: int, by: Any = None) -> Run:
         payloads.user_id(by),
     )
     return fork
+
+
+def _offer(points: list[ForkPoint]) -> str:
+    """The turns a fork may start at, as an error names them (only those it accepts)."""
+    allowed = [p.turn for p in points if p.allowed]
+    if not allowed:
+        return "it cannot be forked at any turn."
+    if allowed == list(range(allowed[0], allowed[-1] + 1)) and len(allowed) > 1:
+        return f"fork from a turn between {allowed[0]} and {allowed[-1]}."
+    return "fork from turn " + ", ".join(str(t) for t in allowed) + "."
 
 
 def _copy(original: Run, at_turn: int, by: Any) -> Run:
@@ -160,6 +167,8 @@ def _copy(original: Run, at_turn: int, by: Any) -> Run:
     fork = Run(
         agent=original.agent,
         input=original.input,
+        # Its context (the hook's text and the caller's) goes with every turn it replays.
+        context=original.context,
         config=original.config,
         owner=original.owner,
         metadata=original.metadata,

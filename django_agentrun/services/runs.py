@@ -3,6 +3,8 @@ the transitions (transitions.py), each in one unit of work."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import uuid
 from datetime import datetime, timedelta
@@ -24,7 +26,7 @@ from ..exceptions import (
     RunNotActive,
     UnknownAgent,
 )
-from ..fields import check_json, check_text, unsendable
+from ..fields import StorableJSONEncoder, check_json, check_text, unsendable
 from ..models import Run, RunEvent
 from ..states import RunState
 from ..store import database_now
@@ -104,15 +106,26 @@ def check_refusals(config: dict[str, Any], who: str) -> None:
         raise OptionRefused(f"{who}: " + "; ".join(refused) + ".")
 
 
-def run_context(agent: Agent, context: str | None) -> str:
-    """A run's context: the given text, else the agent's `context` hook's, called once
-    now: stored on the run, the same text goes with every turn and every replay."""
-    if context is None and agent.context is not None:
-        context = agent.context()
+def run_context(agent: Agent | None, context: str | None) -> str:
+    """A run's context: the agent's `context` hook's text (called once now: stored on the
+    run, the same text goes with every turn and every replay), then the given text after
+    it. The hook's text is the author's: a caller adds to it, never replaces or blanks it."""
     if context is not None and not isinstance(context, str):
         raise InvalidInput("context must be a string.")
     check_text(context, "The context")
-    return context if context and context.strip() else ""
+    hook = agent.context() if agent is not None and agent.context is not None else None
+    if hook is not None and not isinstance(hook, str):
+        raise InvalidInput("context must be a string (the agent's context hook returned none).")
+    check_text(hook, "The agent's context")
+    # A blank text block is refused by the API: blank context is no context.
+    return "\n\n".join(text for text in (hook, context) if text and text.strip())
+
+
+def request_digest(**parts: Any) -> str:
+    """A digest of what a request asked for, kept with its idempotency key: a replay of
+    the key that asks for anything else is refused (IdempotencyConflict)."""
+    text = json.dumps(parts, cls=StorableJSONEncoder, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def start_run(
@@ -126,17 +139,30 @@ def start_run(
     deadline: datetime | timedelta | None = None,
     options: dict[str, Any] | None = None,
     context: str | None = None,
+    request_hash: str | None = None,
 ) -> Run:
     """Create a queued run of `agent` and enqueue it on commit.
 
     With an idempotency key, a second call with the same key (per owner) returns
-    the first run instead of creating another. `options`: request options of this run
-    (agents.RUN_OPTIONS, e.g. `{"effort": "low"}`) over the agent's; `context`: text sent
-    after the input in the same user message (a date, a mode), never in the system prompt
-    (default: the agent's `context` hook).
+    the first run instead of creating another; one that asks for anything else (agent,
+    input, metadata, correlation id, deadline, options, context: `request_hash`, by
+    default a digest of them) raises IdempotencyConflict. `options`: request options of
+    this run (agents.RUN_OPTIONS, e.g. `{"effort": "low"}`) over the agent's; `context`:
+    text sent after the input in the same user message (a date, a mode), never in the
+    system prompt, after the text of the agent's `context` hook.
     """
     agent_obj = get_agent(agent) if isinstance(agent, str) else agent
     input = validate_input(input)
+    if request_hash is None and idempotency_key is not None:
+        request_hash = request_digest(
+            agent=agent_obj.name,
+            input=input,
+            metadata=metadata or {},
+            correlation_id=correlation_id or "",
+            deadline=deadline,
+            options=options or {},
+            context=context or "",
+        )
     config = run_config(agent_obj, owner, options)
     context = run_context(agent_obj, context)
     if metadata is not None and not isinstance(metadata, dict):
@@ -146,7 +172,7 @@ def start_run(
     check_text(correlation_id, "correlation_id")
     check_text(idempotency_key, "The idempotency key")
     if idempotency_key is not None:
-        existing = _existing_run(owner, idempotency_key, agent_obj.name, input)
+        existing = _existing_run(owner, idempotency_key, agent_obj.name, input, request_hash)
         if existing is not None:
             return existing
     if isinstance(deadline, timedelta):
@@ -162,6 +188,7 @@ def start_run(
                 context=context,
                 owner=owner,
                 idempotency_key=idempotency_key,
+                request_hash=request_hash or "",
                 metadata=metadata or {},
                 correlation_id=correlation_id or uuid.uuid4().hex,
                 deadline=deadline,
@@ -175,7 +202,7 @@ def start_run(
     except IntegrityError:
         if idempotency_key is None:
             raise
-        existing = _existing_run(owner, idempotency_key, agent_obj.name, input)
+        existing = _existing_run(owner, idempotency_key, agent_obj.name, input, request_hash)
         if existing is None:
             raise
         return existing
@@ -183,12 +210,22 @@ def start_run(
     return run
 
 
-def _existing_run(owner: Any, key: str, agent: str, input: Any) -> Run | None:
+def _existing_run(
+    owner: Any, key: str, agent: str, input: Any, digest: str | None = None
+) -> Run | None:
     run = Run.objects.filter(owner=owner, idempotency_key=key).first()
-    if run is not None and (run.agent != agent or run.input != input or run.conversation_id):
+    if run is None:
+        return None
+    if run.agent != agent or run.input != input or run.conversation_id:
         raise IdempotencyConflict(
             f"Idempotency key {key!r} was used for another run ({run.pk}) with a different "
             "agent or input, or in a conversation."
+        )
+    if digest and run.request_hash and run.request_hash != digest:
+        raise IdempotencyConflict(
+            f"Idempotency key {key!r} was used for run {run.pk} with a different request "
+            "(its metadata, correlation id, deadline, options or context): use a new key "
+            "for a new request."
         )
     return run
 

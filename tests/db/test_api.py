@@ -141,14 +141,14 @@ def test_create__idempotency_key_in_body_or_header(api, alice, bob):
     assert Run.objects.count() == 3
 
 
-def test_create__same_key_other_input_is_409(api, alice):
+def test_create__same_key_other_input_is_422(api, alice):
     client = api(alice)
     client.post(RUNS, {"agent": "test-agent", "input": "a", "idempotency_key": "k"}, format="json")
     response = client.post(
         RUNS, {"agent": "test-agent", "input": "b", "idempotency_key": "k"}, format="json"
     )
-    assert response.status_code == 409
-    assert response.data["code"] == "idempotency_conflict" and "k" in response.data["detail"]
+    assert response.status_code == 422
+    assert response.data["code"] == "idempotency_key_reused" and "k" in response.data["detail"]
     assert Run.objects.count() == 1
 
 
@@ -627,7 +627,7 @@ def test_resolve__retry_runs_the_tool_once_more(api, decider, unknown):
         (exceptions.InvalidTransition, 409),
         (exceptions.RunNotActive, 409),
         (exceptions.ConcurrentUpdate, 409),
-        (exceptions.IdempotencyConflict, 409),
+        (exceptions.IdempotencyConflict, 422),
         (exceptions.LeaseLost, None),  # a server fault, not the client's
     ],
 )

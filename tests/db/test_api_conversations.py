@@ -170,7 +170,7 @@ def test_messages__idempotency_key_header_returns_the_first_run(conversation, al
     assert first.json()["id"] == again.json()["id"]
     assert conversation.runs.count() == 2
     assert_api_error(
-        post({"input": "Another."}, HTTP_IDEMPOTENCY_KEY="msg-1"), 409, "idempotency_conflict"
+        post({"input": "Another."}, HTTP_IDEMPOTENCY_KEY="msg-1"), 422, "idempotency_key_reused"
     )
     body = assert_api_error(
         post({"input": "x", "idempotency_key": "a"}, HTTP_IDEMPOTENCY_KEY="b"), 400, "invalid"

@@ -187,8 +187,8 @@ def test_refused_option__manage_py_check_fails(agents):
 
 
 def test_api__per_run_options_and_their_400s(messages_api, claude, agents, client):
-    agents("api-opts", effort="high")
-    agents("api-old", model=LEGACY)
+    agents("api-opts", effort="high", client_options={"effort", "service_tier"})
+    agents("api-old", model=LEGACY, client_options={"effort"})
     client.force_login(factories.user("ann"))
     url = reverse("agentrun:run-list")
 

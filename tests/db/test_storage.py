@@ -137,17 +137,25 @@ def test_text_columns__people_are_refused_runtime_text_is_replaced():
     assert storable_text("bad\x00 \udcff end") == "bad\ufffd \ufffd end"
 
 
-def test_api__nul_and_surrogates_in_json_stored_faithfully_in_text_fields_400():
+def test_api__nul_and_surrogates_refused_in_every_field_400():
+    """What people send holds no NUL or unpaired surrogate, in JSON values (keys included)
+    as in text fields; tool output may (stored faithfully, above)."""
     user = User.objects.create_user("nul", password="pw")
     api = APIClient()
     api.force_authenticate(user)
     runs = reverse("agentrun:run-list")
-    body = '{"agent": "storage-agent", "input": "a\\u0000b", "metadata": {"k\\u0000": "\\udcff"}}'
-    response = api.post(runs, body, content_type="application/json")
-    assert response.status_code == 201, response.content
-    run = Run.objects.get()
-    assert run.input == "a\x00b" and run.metadata == {"k\x00": "\udcff"}
-    assert response.json()["metadata"] == {"k\x00": "\udcff"}  # rendered back as it was
+    for field, value in (
+        ("input", '"a\\u0000b"'),
+        ("metadata", '{"k\\u0000": "v"}'),
+        ("metadata", '{"k": "\\udcff"}'),
+        ("metadata", '{"k": [{"deep": "x\\u0000"}]}'),
+        ("options", '{"stop_sequences": ["\\ud800"]}'),
+    ):
+        body = f'{{"agent": "storage-agent", "input": "x", "{field}": {value}}}'
+        response = api.post(runs, body, content_type="application/json")
+        assert response.status_code == 400, (field, value, response.content)
+        assert list(response.json()["errors"]) == [field], response.content
+    run = start_run("storage-agent", "x", owner=user)
     # Input the model could not be sent (a lone surrogate): refused.
     body = '{"agent": "storage-agent", "input": "a \\udcff"}'
     response = api.post(runs, body, content_type="application/json")

@@ -147,6 +147,7 @@ def test_interrupt__while_a_tool_runs_the_heartbeat_stops_it(postgres, messages_
     call = first.tool_calls.get()
     assert (first.state, call.state, call.is_error) == ("cancelled", "cancelled", True)
     assert call.result.startswith("Cancelled while running")  # the tool saw ctx.cancelled
+    assert "may have had its effect" in call.result  # it had started
     assert first.cancel_reason == "interrupted by a new message"
 
     drive(second, claude)

@@ -253,9 +253,9 @@ def test_reconcile_runs__run_repeatable_and_unknown_id(postgres, monkeypatch):
     )
     assert kinds(queued)["reaper_requeued"] == 1
     assert kinds(crashed)["recovery"] == 0
-    out = io.StringIO()
-    call_command("reconcile_runs", "--run", str(uuid.uuid4()), stdout=out)
-    assert "Nothing to reconcile." in out.getvalue()
+    missing = uuid.uuid4()
+    with pytest.raises(CommandError, match=f"No run with id {missing}"):
+        call_command("reconcile_runs", "--run", str(missing), stdout=io.StringIO())
 
 
 @pytest.mark.parametrize(

@@ -291,6 +291,7 @@ UNCHANGING = {
         "owner_id",
         "metadata",
         "idempotency_key",
+        "request_hash",
         "lease_epoch",
         "created_at",
         "forked_from_id",

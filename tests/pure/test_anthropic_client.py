@@ -656,3 +656,15 @@ def test_a_failing_sink_never_fails_the_call(
     response = call(client, request(on_event=broken))
     assert response.content == [{"type": "text", "text": "Hello there."}]
     assert request(on_event=broken) == request()  # the sink is not part of the request
+
+
+def test_no_api_key__a_permanent_error_that_says_where_to_set_it(
+    api: MessagesAPIServer, make_client: Callable[..., AnthropicModelClient], monkeypatch
+) -> None:
+    for name in ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    error = model_error(make_client(api_key=None))
+    assert not error.retryable
+    assert "set ANTHROPIC_API_KEY in the worker's environment" in str(error)
+    assert "Could not resolve" not in str(error)  # not the SDK's own wording
+    assert api.requests == []  # nothing was sent

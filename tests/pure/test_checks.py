@@ -121,6 +121,22 @@ def test_checks__heartbeat_too_slow_and_bad_client(settings):
     assert ids(check_settings()) == {"agentrun.E002", "agentrun.E003"}
 
 
+@pytest.mark.parametrize(("lease", "refused"), [(1, True), (2, True), (3, False), (30, False)])
+def test_checks__a_lease_too_short_to_be_renewed(settings, lease, refused):
+    """With a 2 s lease the first renewal comes at 1 s, when the watchdog stops the step."""
+    settings.AGENTRUN_LEASE_SECONDS = lease
+    found = [m for m in check_settings() if m.id == "agentrun.E006"]
+    assert bool(found) is refused
+    if refused:
+        assert "too short to be renewed" in found[0].msg and "at least 3 seconds" in found[0].hint
+
+
+@pytest.mark.parametrize(("rule", "refused"), [("start_run", True), (3, True), (True, False)])
+def test_checks__api_start_setting_of_another_kind(settings, rule, refused):
+    settings.AGENTRUN_API_START = rule
+    assert ("agentrun.E007" in ids(check_settings())) is refused
+
+
 def test_checks__cost_budget_for_a_model_without_price():
     Agent(name="unpriced", model="some-other-model", budget=Budget(max_cost_usd=1))
     try:

@@ -44,9 +44,9 @@ class MessageSerializer(IdempotencyKeyMixin, serializers.Serializer):
     context = StorableCharField(
         required=False,
         allow_blank=True,
-        default="",
         help_text="Context for this message only (the date, the user's mode): sent as a text "
-        "block after the input, in the same user message, never in the system prompt.",
+        "block after the input, in the same user message, never in the system prompt; after "
+        "the text of the agent's context hook, if any.",
     )
     policy = serializers.ChoiceField(
         choices=ConversationPolicy.choices,

@@ -55,8 +55,42 @@ class StorableCharField(serializers.CharField):
         self.validators.append(_storable)
 
 
+def json_problem(value: Any) -> str | None:
+    """Where a JSON value holds a string (a key included) a text column could not hold,
+    and why; None when it holds none. Iterative: the parser bounds the depth."""
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, str):
+            problem = text_problem(item)
+            if problem is not None:
+                return f"{path or 'the value'}: {problem}" if path else problem
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                problem = text_problem(key)
+                if problem is not None:
+                    return f"the key {key.encode('unicode_escape').decode()!r}: {problem}"
+                stack.append((child, f"{path}[{key!r}]"))
+        elif isinstance(item, list):
+            stack.extend((child, f"{path}[{i}]") for i, child in enumerate(item))
+    return None
+
+
+class StorableJSONField(serializers.JSONField):
+    """A request's JSON value: no NUL and no unpaired surrogate in any string, keys
+    included. Stored values may hold them (tool output: docs/durability.md); what people
+    send does not, so every screen that shows it can."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        value = super().to_internal_value(data)
+        problem = json_problem(value)
+        if problem is not None:
+            raise serializers.ValidationError(problem)
+        return value
+
+
 @extend_schema_field(OpenApiTypes.OBJECT)
-class ObjectField(serializers.JSONField):
+class ObjectField(StorableJSONField):
     """A JSON object."""
 
     default_error_messages = {"not_an_object": "Must be a JSON object."}
@@ -76,5 +110,5 @@ class ObjectField(serializers.JSONField):
         ]
     }
 )
-class RunInputField(serializers.JSONField):
+class RunInputField(StorableJSONField):
     """A string or a list of content blocks (checked by `services.start_run`)."""

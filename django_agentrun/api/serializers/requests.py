@@ -9,7 +9,7 @@ from rest_framework import serializers
 
 from ...agents import RUN_OPTIONS, registered_agents
 from ..parsers import text_problem
-from .fields import ObjectField, RunInputField, StorableCharField
+from .fields import ObjectField, RunInputField, StorableCharField, StorableJSONField
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 
@@ -39,7 +39,11 @@ class RunCreateSerializer(IdempotencyKeyMixin, serializers.Serializer):
     input = RunInputField(help_text="A non-empty string or a list of content blocks.")
     metadata = ObjectField(required=False, help_text="A JSON object kept on the run.")
     correlation_id = StorableCharField(max_length=200, required=False, allow_blank=True)
-    deadline = serializers.DateTimeField(required=False, help_text="ISO 8601, in the future.")
+    deadline = serializers.DateTimeField(
+        required=False,
+        help_text="ISO 8601, in the future; no later than the agent's own time limit "
+        "(a later one is brought back to it).",
+    )
     idempotency_key = StorableCharField(
         max_length=200,
         required=False,
@@ -47,15 +51,16 @@ class RunCreateSerializer(IdempotencyKeyMixin, serializers.Serializer):
     )
     options = ObjectField(
         required=False,
-        help_text="The run's own request options over the agent's: "
+        help_text="The run's own request options over the agent's, among "
         + ", ".join(f"`{name}`" for name in RUN_OPTIONS)
-        + ". A bad value, or one the agent's model refuses, is a 400 naming it.",
+        + ": only those the agent lets clients set (`Agent(client_options=...)`). One it "
+        "does not, a bad value, or one the agent's model refuses, is a 400 naming it.",
     )
     context = StorableCharField(
         required=False,
         allow_blank=True,
         help_text="Text sent after the input in the same user message (a date, a mode), "
-        "never in the system prompt. Default: the agent's context hook.",
+        "never in the system prompt; after the text of the agent's context hook, if any.",
     )
 
     def validate_agent(self, value: str) -> str:
@@ -95,7 +100,7 @@ class RejectSerializer(serializers.Serializer):
 class ResolveSerializer(serializers.Serializer):
     token = StorableCharField(help_text=TOKEN_HELP)
     action = serializers.ChoiceField(choices=["done", "retry", "fail"])
-    result = serializers.JSONField(
+    result = StorableJSONField(
         required=False, help_text="The tool's result; required with action `done`."
     )
     note = StorableCharField(required=False, allow_blank=True, default="")

@@ -126,13 +126,16 @@ class Command(BaseCommand):
                 child.wait(timeout=20)
 
     def _user(self, username: str, password: str) -> None:
-        """The page's user, allowed to approve tool calls (the API asks for it)."""
+        """The page's user, allowed to start the agent and approve its tool calls (the API
+        asks for both)."""
         user, created = get_user_model().objects.get_or_create(username=username)
         if created:
             user.set_password(password)
             user.save()
         user.user_permissions.add(
-            Permission.objects.get(content_type__app_label="agentrun", codename="approve_toolcall")
+            *Permission.objects.filter(
+                content_type__app_label="agentrun", codename__in=["approve_toolcall", "start_run"]
+            )
         )
 
 

@@ -1,0 +1,88 @@
+"""What an agent's author lets API clients do with it, declared on the Agent:
+
+- `api_start`: who may start its runs and conversations (and send their messages) through
+  the API: a permission name, True (any authenticated user), False (nobody: server-side
+  code only) or a callable `(user) -> bool`. Unset: `AGENTRUN_API_START` (by default the
+  permission `agentrun.start_run`; superusers hold every permission).
+- `client_options`: which run options (`agents.RUN_OPTIONS`) a request may set; none
+  unless named. Server-side callers of `start_run(options=...)` keep full control.
+- A client's deadline never goes past the agent's own time limit (`Agent(deadline=...)`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+from django.utils import timezone
+
+from .conf import agentrun_settings
+from .exceptions import ConfigurationError
+from .permissions import may_start
+
+
+def api_rule(where: str, rule: Any) -> Any:
+    """`rule` if it is one an Agent's `api_start` may be (ConfigurationError otherwise)."""
+    if rule is None or isinstance(rule, bool) or callable(rule):
+        return rule
+    if isinstance(rule, str) and rule.count(".") == 1 and all(rule.split(".")):
+        return rule
+    raise ConfigurationError(
+        f"{where}: api_start must be True, False, a permission name ('app_label.codename') "
+        "or a callable (user) -> bool"
+    )
+
+
+def option_names(where: str, names: Iterable[str], allowed: Iterable[str]) -> frozenset[str]:
+    """The run options an Agent lets clients set, each one a run may set at all."""
+    if isinstance(names, str):
+        names = (names,)
+    chosen, known = frozenset(names), tuple(allowed)
+    unknown = sorted(chosen - set(known))
+    if unknown:
+        raise ConfigurationError(
+            f"{where}: client_options names {', '.join(unknown)}; a run may set {', '.join(known)}"
+        )
+    return chosen
+
+
+def start_rule(agent: Any) -> Any:
+    """The agent's own rule, else the project's (`AGENTRUN_API_START`)."""
+    rule = getattr(agent, "api_start", None)
+    return agentrun_settings.API_START if rule is None else rule
+
+
+def may_start_agent(user: Any, agent: Any) -> bool:
+    """Whether `user` may start runs of `agent` through the API."""
+    return may_start(user, start_rule(agent))
+
+
+def refused_options(agent: Any, options: dict[str, Any] | None, known: Iterable[str]) -> list[str]:
+    """The run options (among `known`) of a request that the agent does not let clients
+    set, sorted (a name that is no run option at all is start_run's to refuse)."""
+    allowed = getattr(agent, "client_options", frozenset())
+    return sorted(name for name in options or {} if name in known and name not in allowed)
+
+
+def capped_deadline(agent: Any, deadline: datetime | None) -> datetime | None:
+    """A client's deadline, no later than the agent's time limit from now (none: as given;
+    no deadline given: None, and start_run applies the agent's)."""
+    limit = getattr(agent, "deadline", None)
+    if deadline is None or limit is None:
+        return deadline
+    return min(deadline, timezone.now() + limit)
+
+
+def start_refusal(agent: Any) -> str:
+    """Why the API refuses to start `agent` for a user `may_start_agent` said no to."""
+    rule = start_rule(agent)
+    if rule is False or rule is None:
+        how = "its runs are started by server-side code only (api_start=False)"
+    elif isinstance(rule, str):
+        how = f"that needs the {rule} permission"
+    elif rule is True:
+        how = "that needs a signed-in user"
+    else:
+        how = "its api_start rule does not allow you"
+    return f"You may not start agent {agent.name!r} through the API: {how}."
