@@ -4,7 +4,7 @@
   the API: a permission name, True (any authenticated user), False (nobody: server-side
   code only) or a callable `(user) -> bool`. Unset: `AGENTRUN_API_START` (by default the
   permission `agentrun.start_run`; superusers hold every permission).
-- `client_options`: which run options (`agents.RUN_OPTIONS`) a request may set; none
+- `client_options`: which run options (`agent_options.RUN_OPTIONS`) a request may set; none
   unless named. Server-side callers of `start_run(options=...)` keep full control.
 - A client's deadline never goes past the agent's own time limit (`Agent(deadline=...)`).
 """

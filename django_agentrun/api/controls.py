@@ -11,7 +11,8 @@ from rest_framework.exceptions import PermissionDenied, ValidationError
 
 from .. import services
 from ..access import capped_deadline, may_start_agent, refused_options, start_refusal
-from ..agents import RUN_OPTIONS, Agent, get_agent, registered_agents
+from ..agent_options import RUN_OPTIONS
+from ..agents import Agent, get_agent, registered_agents
 from ..exceptions import InvalidInput, InvalidOption, OptionRefused, UnknownAgent
 from ..models import Run
 from ..services.runs import request_digest

@@ -114,7 +114,7 @@ class ModelRequest:
     stop_sequences: list[str] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
     # Further request params, named as the SDK's MessageCreateParams names them (thinking,
-    # output_config, service_tier, ...): the agent's options (agents.request_options).
+    # output_config, service_tier, ...): the agent's options (agent_options.request_options).
     options: dict[str, Any] = field(default_factory=dict)
     # Where a streaming client hands each delta as it arrives (`DELTA_KINDS`); None: nowhere.
     # Not part of the request sent: a client that cannot stream ignores it.

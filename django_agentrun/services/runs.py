@@ -82,7 +82,7 @@ def run_config(
     agent: Agent, owner: Any = None, options: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """The configuration snapshot a run (or a conversation) keeps: the agent's, with the
-    run's own `options` (agents.RUN_OPTIONS) and `metadata.user_id` (an opaque id of the
+    run's own `options` (agent_options.RUN_OPTIONS) and `metadata.user_id` (an opaque id of the
     owner). InvalidInput for a bad option, OptionRefused for one the model refuses."""
     if options is not None and not isinstance(options, dict):
         raise InvalidOption("options must be a JSON object.")
@@ -147,7 +147,7 @@ def start_run(
     the first run instead of creating another; one that asks for anything else (agent,
     input, metadata, correlation id, deadline, options, context: `request_hash`, by
     default a digest of them) raises IdempotencyConflict. `options`: request options of
-    this run (agents.RUN_OPTIONS, e.g. `{"effort": "low"}`) over the agent's; `context`:
+    this run (agent_options.RUN_OPTIONS, e.g. `{"effort": "low"}`) over the agent's; `context`:
     text sent after the input in the same user message (a date, a mode), never in the
     system prompt, after the text of the agent's `context` hook.
     """

@@ -36,7 +36,8 @@ def owner(db) -> User:
 
 @pytest.fixture
 def between_tools():
-    agent = Agent(name="between", model=SONNET, thinking="between_tools")
+    # Clients may set effort (the author's control): what is refused here is the model's.
+    agent = Agent(name="between", model=SONNET, thinking="between_tools", client_options={"effort"})
     yield agent
     unregister_agent("between")
 

@@ -7,7 +7,8 @@ from typing import Any
 from django.utils import timezone
 from rest_framework import serializers
 
-from ...agents import RUN_OPTIONS, registered_agents
+from ...agent_options import RUN_OPTIONS
+from ...agents import registered_agents
 from ..parsers import text_problem
 from .fields import ObjectField, RunInputField, StorableCharField, StorableJSONField
 
