@@ -92,7 +92,8 @@ test-postgres-psycopg2: install
 # and its workers connect through it (DISABLE_SERVER_SIDE_CURSORS, as Django asks), the test
 # database is made on the direct port. Without pgbouncer (and no way to install it) the
 # stage says it was skipped. test-django-pool: Django's own psycopg pool, OPTIONS "pool".
-POOLED_TESTS = tests/workers/test_delivery.py tests/workers/test_conversations.py \
+POOLED_TESTS = tests/workers/test_delivery.py::test_duplicate_delivery__two_workers_execute_each_turn_once \
+	tests/workers/test_conversations.py \
 	tests/workers/test_crash_matrix.py::test_non_idempotent_without_check__waits_for_a_person \
 	"tests/workers/test_crash_matrix.py::test_crash_at__every_failpoint[tool.after_handler]" \
 	"tests/workers/test_crash_matrix.py::test_crash_at__every_failpoint__follow_up[tool.after_commit]"
