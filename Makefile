@@ -15,12 +15,13 @@ VENV_DJANGO6 ?= .venv-django6
 
 # `make test`: each stage in turn, timed; the first that fails stops the run.
 TEST_STAGES = lint checks test-sqlite test-postgres test-postgres-ssb test-postgres-psycopg2 \
-	test-node test-browser test-django6 test-release
+	test-pgbouncer test-django-pool test-node test-browser test-django6 test-release
 # The browser tier's Chromium: Debian's package (Playwright's own download cannot be used here).
 CHROMIUM ?= /usr/bin/chromium
 
 .PHONY: test lint checks test-sqlite test-postgres test-postgres-ssb test-postgres-psycopg2 \
-	test-node node test-browser chromium test-django6 test-release demo chat bench bench-quick install
+	test-pgbouncer pgbouncer test-django-pool test-node node test-browser chromium test-django6 \
+	test-release demo chat bench bench-quick install
 
 # A virtualenv with the project and its test dependencies, rebuilt when pyproject changes.
 $(VENV)/.installed: pyproject.toml
@@ -100,6 +101,37 @@ test-postgres-psycopg2: install
 	  -m "not one_driver" $(XDIST)
 	AGENTRUN_TEST_PSYCOPG2=1 DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest tests/workers -q -m both_drivers \
 	  --ignore=tests/workers/test_fresh_project.py --ignore=tests/workers/test_ai_sdk.py
+
+# Behind connection poolers, with the app's settings at their defaults: the worker tier's
+# end-to-end, approval, conversation and crash tests (a subset: the full matrix runs on the
+# direct connection above). test-pgbouncer: Debian's PgBouncer in transaction mode with 3
+# server connections, started by tests/pgbouncer.py as a child of the run; the test process
+# and its workers connect through it (DISABLE_SERVER_SIDE_CURSORS, as Django asks), the test
+# database is made on the direct port. Without pgbouncer (and no way to install it) the
+# stage says it was skipped. test-django-pool: Django's own psycopg pool, OPTIONS "pool".
+POOLED_TESTS = tests/workers/test_delivery.py::test_duplicate_delivery__two_workers_execute_each_turn_once \
+	tests/workers/test_conversations.py \
+	tests/workers/test_crash_matrix.py::test_non_idempotent_without_check__waits_for_a_person \
+	"tests/workers/test_crash_matrix.py::test_crash_at__every_failpoint[tool.after_handler]" \
+	"tests/workers/test_crash_matrix.py::test_crash_at__every_failpoint__follow_up[tool.after_commit]"
+POOL_TESTS = tests/workers/test_delivery.py::test_duplicate_delivery__two_workers_execute_each_turn_once \
+	tests/workers/test_conversations.py::test_interrupt__a_run_waiting_for_an_approval_and_the_one_queued_behind_it \
+	"tests/workers/test_crash_matrix.py::test_crash_at__every_failpoint[tool.after_handler]"
+
+test-pgbouncer: install pgbouncer
+	DATABASE_URL=$(PG_URL) $(PYTHON) -m tests.pgbouncer --mode transaction --pool-size 3 -- \
+	  $(PYTHON) -m pytest $(POOLED_TESTS) -q -rs
+
+test-django-pool: install
+	AGENTRUN_TEST_DJANGO_POOL=1 DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest $(POOL_TESTS) -q
+
+# Debian's PgBouncer, installed when it is missing and apt-get can (as root).
+pgbouncer:
+	@command -v pgbouncer >/dev/null || test -x /usr/sbin/pgbouncer || { \
+	  echo "PgBouncer is missing: apt-get install -y pgbouncer"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer) >/dev/null 2>&1 \
+	    || echo "PgBouncer could not be installed: the PgBouncer tier will be skipped"; \
+	}
 
 # The AI SDK's own client (the `ai` package from npm, pinned by tests/node/package-lock.json)
 # reading the live stream's UI message stream format from uvicorn and a real worker.

@@ -120,7 +120,7 @@ _TX_CONTROL = ("SAVEPOINT", "RELEASE SAVEPOINT", "ROLLBACK TO SAVEPOINT")
 
 def _is_write(sql: str) -> bool:
     head = sql.lstrip().upper()
-    if head.startswith("EXECUTE AGENTRUN_WRITE"):  # the engine's write, prepared (store/sql.py)
+    if head.startswith("SELECT * FROM AGENTRUN_WRITE("):  # the engine's write (queries.sql)
         return True
     if head.startswith("WITH"):  # data-modifying CTEs (the engine's combined writes)
         return re.search(r"\(\s*(INSERT|UPDATE|DELETE)\b", head) is not None

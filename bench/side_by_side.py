@@ -542,7 +542,11 @@ class Bench:
 _COMMENT = re.compile(r"--[^\n]*")
 _PREPARE = re.compile(r"\s*PREPARE\s+(\w+)\s+AS\s+(.*)", re.I | re.S)
 _EXECUTE = re.compile(r"\s*EXECUTE\s+(\w+)", re.I)
-_WRITE = re.compile(r"(^|\()\s*(INSERT|UPDATE|DELETE|MERGE)\b|\bFOR\s+(NO\s+KEY\s+)?UPDATE\b", re.I)
+_WRITE = re.compile(
+    r"(^|\()\s*(INSERT|UPDATE|DELETE|MERGE)\b|\bFOR\s+(NO\s+KEY\s+)?UPDATE\b"
+    r"|^SELECT \* FROM agentrun_write\(",  # the engine's write: a function (queries.sql)
+    re.I,
+)
 
 
 def _writes(sql: str) -> bool:
@@ -588,7 +592,7 @@ def sqlcounter_check(agentrun: Agentrun, wal: WalReader, run_id: str) -> dict[st
         }
 
     db = agentrun.db
-    connection.close()  # a new connection: the engine prepares its statements again, seen here
+    connection.close()  # a new connection: what a connection does first is seen here
     start = db.lsn()
     with counter.installed(connection), connection.execute_wrapper(classify):
         figures = agentrun.run(1, TURNS, "small", run_id, counted=True, probe=probe)

@@ -11,7 +11,7 @@ from django.core import checks
 from django.db import connections
 from django.utils.module_loading import import_string
 
-from . import model_checks
+from . import deploy_checks, model_checks
 from .access import api_rule
 from .conf import agentrun_settings
 from .engine.heartbeat import renewal_timing
@@ -179,16 +179,7 @@ def _setting_findings(conf: Any, unread: list[str]) -> list:
                 id="agentrun.W003",
             )
         )
-    visibility = (conf.broker_transport_options or {}).get("visibility_timeout")
-    if visibility is not None and visibility < agentrun_settings.LEASE_SECONDS * 2:
-        found.append(
-            checks.Warning(
-                f"broker visibility_timeout ({visibility}s) is shorter than twice the lease.",
-                hint="Redelivery of running tasks is harmless (the lease fences them) but wasteful; "
-                "keep the visibility timeout well above AGENTRUN_LEASE_SECONDS.",
-                id="agentrun.W004",
-            )
-        )
+    found.extend(deploy_checks.broker_messages(conf))
     if not conf.worker_cancel_long_running_tasks_on_connection_loss and (
         "CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS" not in unread
     ):
@@ -206,6 +197,12 @@ def _setting_findings(conf: Any, unread: list[str]) -> list:
 
 # What a renewal must leave before the watchdog's stop (a round trip, a busy machine).
 MIN_RENEWAL_SLACK = 0.25
+
+
+@checks.register()
+def check_deployment(app_configs: Any = None, **kwargs: Any) -> list:
+    """Behind a connection pooler; settings that no longer do anything (deploy_checks)."""
+    return deploy_checks.database_messages() + deploy_checks.settings_messages()
 
 
 @checks.register()

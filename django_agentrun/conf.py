@@ -26,9 +26,8 @@ DEFAULTS: dict[str, Any] = {
     # seconds come first; the turns bound only fast, cheap turns).
     "TURNS_PER_TASK": 50,
     "TASK_SECONDS": 30.0,
-    # Send the engine's fixed statements as prepared statements (parsed and planned once per
-    # database connection). Off for PgBouncer in transaction pooling mode without
-    # max_prepared_statements.
+    # Deprecated, no effect (0.4): the engine's write is a function installed by a migration,
+    # whose plans Postgres keeps per connection, behind any pooler (check agentrun.W032).
     "PREPARED_STATEMENTS": True,
     # Rows the reaper handles per batch.
     "REAPER_BATCH_SIZE": 100,

@@ -95,6 +95,48 @@ def _fresh_client_cache():
 _DB_FIXTURES = ("transactional_db", "db", "postgres", "live_server")
 
 
+# Behind a connection pooler (tests/settings.py, `make test-pgbouncer`) the test database is
+# created and dropped on the direct port: a pooler keeps server connections to it open,
+# which DROP DATABASE refuses. The tests themselves connect through the pooler.
+@pytest.fixture(scope="session")
+def _setup_port(django_test_environment):
+    from django.conf import settings
+
+    port = getattr(settings, "AGENTRUN_TEST_SETUP_PORT", None)
+    pooled = connection.settings_dict["PORT"]
+    if port:
+        _connect_to(port)
+    return port, pooled
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(_setup_port, django_db_setup, django_db_blocker):
+    port, pooled = _setup_port
+    if not port:
+        yield
+        return
+    _connect_to(pooled)
+    yield
+    _connect_to(port)
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = %s AND pid <> pg_backend_pid()",
+            [connection.settings_dict["NAME"]],
+        )
+    connection.close()
+
+
+def _connect_to(port) -> None:
+    from django.db import connections
+
+    for conn in connections.all():
+        conn.close()
+        if hasattr(conn, "close_pool"):
+            conn.close_pool()
+        conn.settings_dict["PORT"] = port
+
+
 @pytest.fixture
 def postgres(transactional_db):
     """The Postgres test database's name (what worker subprocesses connect to); the

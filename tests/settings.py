@@ -42,3 +42,21 @@ if os.environ.get("AGENTRUN_TEST_SERVER_SIDE_BINDING") and DATABASES["default"][
     "postgresql"
 ):
     DATABASES["default"].setdefault("OPTIONS", {})["server_side_binding"] = True  # noqa: F405
+# Behind a connection pooler (`make test-pgbouncer`: tests/pgbouncer.py starts PgBouncer and
+# names its port): every connection of the test process and of its workers goes through it;
+# the test database is created and dropped on the direct port (AGENTRUN_TEST_SETUP_PORT,
+# tests/conftest.py). In transaction mode Django needs DISABLE_SERVER_SIDE_CURSORS; nothing
+# of the app's own is changed.
+AGENTRUN_TEST_SETUP_PORT = None
+if os.environ.get("AGENTRUN_TEST_POOLER_PORT") and DATABASES["default"]["ENGINE"].endswith(  # noqa: F405
+    "postgresql"
+):
+    AGENTRUN_TEST_SETUP_PORT = DATABASES["default"].get("PORT") or 5432  # noqa: F405
+    DATABASES["default"]["PORT"] = int(os.environ["AGENTRUN_TEST_POOLER_PORT"])  # noqa: F405
+    if os.environ.get("AGENTRUN_TEST_POOLER_MODE", "transaction") == "transaction":
+        DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True  # noqa: F405
+# Django's own connection pool (psycopg 3, Django 5.1+): `make test-django-pool`.
+if os.environ.get("AGENTRUN_TEST_DJANGO_POOL") and DATABASES["default"]["ENGINE"].endswith(  # noqa: F405
+    "postgresql"
+):
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = True  # noqa: F405

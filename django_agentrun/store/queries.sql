@@ -107,29 +107,94 @@ RETURNING "lease_epoch", "lease_expires_at"
 SELECT statement_timestamp()
 
 -- name: write
--- One commit: the run's compare-and-set UPDATE (r), fenced by its lease, with the turn and
--- tool-call rows the commit adds or changes and its events, as one statement: sent alone
--- in autocommit it is its own transaction, all or nothing.
+-- One commit, as one statement: the call of the function agentrun_write (`write_function`
+-- below, installed by a migration). Sent alone in autocommit it is its own transaction,
+-- all or nothing; nothing of it stays on the server connection afterwards, so it works
+-- behind any connection pooler (PgBouncer in transaction mode included). Postgres keeps
+-- the plans of the function's statement per server connection (PL/pgSQL's plan cache):
+-- the long statement is parsed and planned once per connection, not for every commit.
+SELECT * FROM agentrun_write(
+  p_run_id => %(run_id)s::uuid,
+  p_expected_state => %(expected_state)s::text,
+  p_epoch => %(epoch)s::bigint,
+  p_owner => %(owner)s::text,
+  p_lease => %(lease)s::text,
+  p_lease_seconds => %(lease_seconds)s::float8,
+  p_run_changes => %(run_changes)s::jsonb,
+  p_input_tokens => %(input_tokens)s::bigint,
+  p_output_tokens => %(output_tokens)s::bigint,
+  p_cache_creation_input_tokens => %(cache_creation_input_tokens)s::bigint,
+  p_cache_read_input_tokens => %(cache_read_input_tokens)s::bigint,
+  p_cost_usd => %(cost_usd)s::numeric,
+  p_turn_count => %(turn_count)s::integer,
+  p_turns_added => %(turns_added)s::jsonb,
+  p_turns_changed => %(turns_changed)s::jsonb,
+  p_turns_changed_count => %(turns_changed_count)s::integer,
+  p_calls_added => %(calls_added)s::jsonb,
+  p_calls_changed => %(calls_changed)s::jsonb,
+  p_calls_changed_count => %(calls_changed_count)s::integer,
+  p_events => %(events)s::jsonb,
+  p_event_count => %(event_count)s::integer
+)
+
+-- name: write_function
+-- The function `write` calls (migration 0011_pooler_write_function installs it;
+-- tests/postgres/test_write.py checks that the database has this text): the run's
+-- compare-and-set UPDATE (r), fenced by its lease, with the turn and tool-call rows the
+-- commit adds or changes and its events, as one statement.
 --
 -- Rows to change come as JSON lists of {"id", "expected" (the state the row was read in),
 -- "changes" (column -> new value)}; a column absent from "changes" keeps its value (and a
 -- large value stays where TOAST put it). Rows to add come as JSON lists of whole rows. The
--- run's new values come in %(run_changes)s the same way; %(lease)s::text says what happens to the
+-- run's new values come in p_run_changes the same way; p_lease says what happens to the
 -- lease's expiry: 'keep', 'now' (released, or run out) or 'renew'.
---
--- Every parameter is cast: the statement is prepared once per connection (store/sql.py),
--- with no value to infer a type from.
 --
 -- The rows to change are read through LIMIT <their count> (the count the run's UPDATE
 -- checks anyway): the planner cannot see into a JSON list and takes it for 100 rows, which
 -- makes a hash join over a sequential scan of the whole turn or tool-call table look
--- cheaper than a few primary-key lookups; with the LIMIT it plans the lookups.
+-- cheaper than a few primary-key lookups; with the LIMIT it plans the lookups (also in the
+-- generic plan PL/pgSQL keeps after a few calls).
 --
--- Refusals: r matches only if the run is still in %(expected_state)s (when given), still
--- held under %(epoch)s by %(owner)s (when given), and every row change matched its row.
+-- Refusals: r matches only if the run is still in p_expected_state (when given), still
+-- held under p_epoch by p_owner (when given), and every row change matched its row.
 -- With no r the events' seq is 1, which the run's first event already has: the statement
 -- fails as a whole on the unique constraint agentrun_runevent_seq (FENCE_CONSTRAINT),
 -- which store/writes.py turns into LeaseLost or ConcurrentUpdate.
+--
+-- `#variable_conflict use_column`: a name that is both a column and one of the result's
+-- columns (last_seq...) means the column; the parameters' p_ prefix is no column's.
+CREATE OR REPLACE FUNCTION agentrun_write(
+  p_run_id uuid,
+  p_expected_state text,
+  p_epoch bigint,
+  p_owner text,
+  p_lease text,
+  p_lease_seconds double precision,
+  p_run_changes jsonb,
+  p_input_tokens bigint,
+  p_output_tokens bigint,
+  p_cache_creation_input_tokens bigint,
+  p_cache_read_input_tokens bigint,
+  p_cost_usd numeric,
+  p_turn_count integer,
+  p_turns_added jsonb,
+  p_turns_changed jsonb,
+  p_turns_changed_count integer,
+  p_calls_added jsonb,
+  p_calls_changed jsonb,
+  p_calls_changed_count integer,
+  p_events jsonb,
+  p_event_count integer
+) RETURNS TABLE (
+  last_seq integer,
+  cancel_requested_at timestamptz,
+  lease_expires_at timestamptz,
+  turn_ids jsonb,
+  call_ids jsonb
+) LANGUAGE plpgsql AS $agentrun_write$
+#variable_conflict use_column
+BEGIN
+RETURN QUERY
 WITH
 turns_changed AS (
   UPDATE "agentrun_turn" AS t SET
@@ -146,9 +211,9 @@ turns_changed AS (
     "cache_creation_input_tokens" = CASE WHEN v.changes ? 'cache_creation_input_tokens' THEN p."cache_creation_input_tokens" ELSE t."cache_creation_input_tokens" END,
     "cache_read_input_tokens" = CASE WHEN v.changes ? 'cache_read_input_tokens' THEN p."cache_read_input_tokens" ELSE t."cache_read_input_tokens" END,
     "finished_at" = CASE WHEN v.changes ? 'finished_at' THEN p."finished_at" ELSE t."finished_at" END
-  FROM (SELECT * FROM jsonb_to_recordset(%(turns_changed)s::jsonb)
+  FROM (SELECT * FROM jsonb_to_recordset(p_turns_changed)
           AS x("id" bigint, "expected" text, "changes" jsonb)
-        LIMIT %(turns_changed_count)s::integer) AS v,
+        LIMIT p_turns_changed_count) AS v,
        LATERAL jsonb_populate_record(NULL::"agentrun_turn", v.changes) AS p
   WHERE t."id" = v."id" AND (v."expected" IS NULL OR t."state" = v."expected")
   RETURNING t."id"
@@ -164,7 +229,7 @@ turns_added AS (
          COALESCE(p."usage_details", '{}'::jsonb), p."input_tokens",
          p."output_tokens", p."cache_creation_input_tokens", p."cache_read_input_tokens",
          p."started_at", p."finished_at"
-  FROM jsonb_array_elements(%(turns_added)s::jsonb) AS v(row),
+  FROM jsonb_array_elements(p_turns_added) AS v(row),
        LATERAL jsonb_populate_record(NULL::"agentrun_turn", v.row) AS p
   RETURNING "id", "index"
 ),
@@ -189,9 +254,9 @@ calls_changed AS (
     "arguments" = CASE WHEN v.changes ? 'arguments' THEN p."arguments" ELSE c."arguments" END,
     "arguments_hash" = CASE WHEN v.changes ? 'arguments_hash' THEN p."arguments_hash" ELSE c."arguments_hash" END,
     "original_arguments" = CASE WHEN v.changes ? 'original_arguments' THEN p."original_arguments" ELSE c."original_arguments" END
-  FROM (SELECT * FROM jsonb_to_recordset(%(calls_changed)s::jsonb)
+  FROM (SELECT * FROM jsonb_to_recordset(p_calls_changed)
           AS x("id" bigint, "expected" text, "changes" jsonb)
-        LIMIT %(calls_changed_count)s::integer) AS v,
+        LIMIT p_calls_changed_count) AS v,
        LATERAL jsonb_populate_record(NULL::"agentrun_toolcall", v.changes) AS p
   WHERE c."id" = v."id" AND (v."expected" IS NULL OR c."state" = v."expected")
   RETURNING c."id"
@@ -213,7 +278,7 @@ calls_added AS (
          p."is_error", p."result_source", p."unknown_reason", p."approved",
          p."approval_payload", p."approval_deadline", p."decided_by_id", p."decided_at",
          p."decision_note", p."original_arguments", p."created_at"
-  FROM jsonb_array_elements(%(calls_added)s::jsonb) AS v(row),
+  FROM jsonb_array_elements(p_calls_added) AS v(row),
        LATERAL jsonb_populate_record(NULL::"agentrun_toolcall", v.row) AS p
   RETURNING "id", "turn_index", "position"
 ),
@@ -221,9 +286,9 @@ r AS (
   UPDATE "agentrun_run" AS r SET
     "state" = CASE WHEN s.changes ? 'state' THEN p."state" ELSE r."state" END,
     "lease_owner" = CASE WHEN s.changes ? 'lease_owner' THEN p."lease_owner" ELSE r."lease_owner" END,
-    "lease_expires_at" = CASE %(lease)s::text
+    "lease_expires_at" = CASE p_lease
         WHEN 'now' THEN statement_timestamp()
-        WHEN 'renew' THEN statement_timestamp() + %(lease_seconds)s::float8 * interval '1 second'
+        WHEN 'renew' THEN statement_timestamp() + p_lease_seconds * interval '1 second'
         ELSE r."lease_expires_at" END,
     "recovery_attempts" = CASE WHEN s.changes ? 'recovery_attempts' THEN p."recovery_attempts" ELSE r."recovery_attempts" END,
     "output" = CASE WHEN s.changes ? 'output' THEN p."output" ELSE r."output" END,
@@ -241,33 +306,35 @@ r AS (
     "started_at" = CASE WHEN s.changes ? 'started_at' THEN p."started_at" ELSE r."started_at" END,
     "finished_at" = CASE WHEN s.changes ? 'finished_at' THEN p."finished_at" ELSE r."finished_at" END,
     "rolled_back" = CASE WHEN s.changes ? 'rolled_back' THEN p."rolled_back" ELSE r."rolled_back" END,
-    "input_tokens" = r."input_tokens" + %(input_tokens)s::bigint,
-    "output_tokens" = r."output_tokens" + %(output_tokens)s::bigint,
-    "cache_creation_input_tokens" = r."cache_creation_input_tokens" + %(cache_creation_input_tokens)s::bigint,
-    "cache_read_input_tokens" = r."cache_read_input_tokens" + %(cache_read_input_tokens)s::bigint,
-    "cost_usd" = r."cost_usd" + %(cost_usd)s::numeric,
-    "turn_count" = r."turn_count" + %(turn_count)s::integer,
-    "last_seq" = r."last_seq" + %(event_count)s::integer,
+    "input_tokens" = r."input_tokens" + p_input_tokens,
+    "output_tokens" = r."output_tokens" + p_output_tokens,
+    "cache_creation_input_tokens" = r."cache_creation_input_tokens" + p_cache_creation_input_tokens,
+    "cache_read_input_tokens" = r."cache_read_input_tokens" + p_cache_read_input_tokens,
+    "cost_usd" = r."cost_usd" + p_cost_usd,
+    "turn_count" = r."turn_count" + p_turn_count,
+    "last_seq" = r."last_seq" + p_event_count,
     "updated_at" = statement_timestamp()
-  FROM (SELECT %(run_changes)s::jsonb AS changes) AS s,
+  FROM (SELECT p_run_changes AS changes) AS s,
        LATERAL jsonb_populate_record(NULL::"agentrun_run", s.changes) AS p
-  WHERE r."id" = %(run_id)s::uuid
-    AND (%(expected_state)s::text IS NULL OR r."state" = %(expected_state)s::text)
-    AND (%(epoch)s::bigint IS NULL
-         OR (r."lease_epoch" = %(epoch)s::bigint AND r."lease_owner" = %(owner)s::text))
-    AND (SELECT count(*) FROM turns_changed) = %(turns_changed_count)s::integer
-    AND (SELECT count(*) FROM calls_changed) = %(calls_changed_count)s::integer
+  WHERE r."id" = p_run_id
+    AND (p_expected_state IS NULL OR r."state" = p_expected_state)
+    AND (p_epoch IS NULL
+         OR (r."lease_epoch" = p_epoch AND r."lease_owner" = p_owner))
+    AND (SELECT count(*) FROM turns_changed) = p_turns_changed_count
+    AND (SELECT count(*) FROM calls_changed) = p_calls_changed_count
   RETURNING r."last_seq", r."cancel_requested_at", r."lease_expires_at"
 ),
 events AS (
   INSERT INTO "agentrun_runevent" ("run_id", "seq", "type", "payload", "created_at")
-  SELECT %(run_id)s::uuid,
-         COALESCE((SELECT r."last_seq" FROM r) - %(event_count)s::integer + v.i, 1),
+  SELECT p_run_id,
+         COALESCE((SELECT r."last_seq" FROM r) - p_event_count + v.i, 1),
          v.e ->> 'type', v.e -> 'payload', statement_timestamp()
-  FROM jsonb_array_elements(%(events)s::jsonb) WITH ORDINALITY AS v(e, i)
+  FROM jsonb_array_elements(p_events) WITH ORDINALITY AS v(e, i)
 )
 SELECT r."last_seq", r."cancel_requested_at", r."lease_expires_at",
        (SELECT COALESCE(jsonb_agg(jsonb_build_array(a."index", a."id")), '[]') FROM turns_added a),
        (SELECT COALESCE(jsonb_agg(jsonb_build_array(a."turn_index", a."position", a."id")), '[]')
           FROM calls_added a)
-FROM r
+FROM r;
+END
+$agentrun_write$

@@ -28,7 +28,7 @@ from ..conf import agentrun_settings
 from ..exceptions import ConcurrentUpdate, LeaseLost
 from ..models import Run, RunEvent, ToolCall, Turn
 from .rows import changes_values, dumps, row_values
-from .sql import execute
+from .sql import sql
 
 Event = tuple[str, dict[str, Any]]
 
@@ -183,7 +183,7 @@ def _send_postgres(write: Write) -> None:
     }
     try:
         with connection.cursor() as cursor:
-            execute(cursor, "write", params)
+            cursor.execute(sql("write"), params)
             row = cursor.fetchone()
     except IntegrityError as exc:
         if not _fenced_out(exc):

@@ -20,7 +20,7 @@ from django.db import connection
 
 from django_agentrun import start_run
 from django_agentrun.engine import Outcome, advance
-from django_agentrun.store.sql import QUERIES, positional
+from django_agentrun.store.sql import QUERIES
 from django_agentrun.testing import ScriptedClient, reply, text, tool_use
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -36,8 +36,7 @@ def _postgres_only(monkeypatch, tmp_path):
 
 
 class Statements:
-    """Every named statement sent, with its parameters (by name, also when it was sent as
-    the EXECUTE of its prepared form)."""
+    """Every named statement sent, with its parameters (by name)."""
 
     def __init__(self) -> None:
         self.sent: list[tuple[str, dict]] = []
@@ -47,13 +46,8 @@ class Statements:
         name = self.names.get(sql)
         if name is None and ";\n" in sql:  # the claim with its history reads
             name = "+".join(self.names.get(part, "?") for part in sql.split(";\n"))
-        named = params
-        prepared = re.match(r"EXECUTE agentrun_(\w+)\(", sql)
-        if prepared:
-            name = prepared.group(1)
-            named = dict(zip(positional(name)[1], params, strict=True))
         if name is not None:
-            self.sent.append((name, dict(named or {})))
+            self.sent.append((name, dict(params or {})))
         return execute(sql, params, many, context)
 
 

@@ -18,7 +18,6 @@ from django_agentrun import services, start_run, store, transitions
 from django_agentrun.exceptions import ConcurrentUpdate, LeaseLost
 from django_agentrun.models import Run, RunEvent, ToolCall, Turn
 from django_agentrun.states import ToolCallState
-from django_agentrun.store import sql as store_sql
 from django_agentrun.store.sql import sql
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.no_projection_check]
@@ -62,19 +61,12 @@ def _state(run, call):
 
 
 def _name(statement: str) -> str:
-    """`write` for queries.sql's write statement as sent (EXECUTE of its prepared form, or its
-    text), `prepare` for its PREPARE, else the SQL."""
-    head = sql("write").split("\n", 1)[0] + "\n" + sql("write").split("\n", 2)[1]
-    if statement.startswith("PREPARE agentrun_write AS "):
-        return "prepare"
-    if statement.startswith("EXECUTE agentrun_write(") or statement.startswith(head):
-        return "write"
-    return statement
+    """`write` for queries.sql's write statement (the call of agentrun_write), else the SQL."""
+    return "write" if statement.startswith("SELECT * FROM agentrun_write(") else statement
 
 
 def _sent(ctx) -> list[str]:
-    """What was sent, but the once-per-connection PREPARE."""
-    return [n for n in (_name(q["sql"]) for q in ctx.captured_queries) if n != "prepare"]
+    return [_name(q["sql"]) for q in ctx.captured_queries]
 
 
 def _start(run, lease, call) -> store.Write:
@@ -204,57 +196,40 @@ def test_write__sees_a_cancel_request(leased):
     assert write.cancel_requested is True
 
 
-def _server_side_binding() -> bool:
-    return bool(connection.settings_dict.get("OPTIONS", {}).get("server_side_binding"))
-
-
-def test_write__prepared_once_per_connection(leased):
-    if _server_side_binding():
-        pytest.skip("with server-side binding psycopg prepares it itself")
+def test_write__leaves_nothing_on_the_connection(leased):
+    """Behind PgBouncer in transaction mode the next transaction may run on another server
+    connection: a write must not need anything the last one left on its own (a SQL-level
+    prepared statement, a session setting). Each write is the one call of agentrun_write."""
     run, lease, _turn, _call = leased
-    names = []
-    for _ in range(3):
-        write = store.Write(run, lease)
+    for i in range(3):
+        write = store.Write(Run.objects.get(pk=run.pk), lease)
         write.record(("note", {}))
         with CaptureQueriesContext(connection) as ctx:
             store.send(write)
-        names += [_name(q["sql"]) for q in ctx.captured_queries]
-    assert names.count("write") == 3 and names.count("prepare") <= 1
-    assert all(q.startswith("EXECUTE") for q in _texts(ctx))
-    connection.close()  # a new connection prepares it again
-    write = store.Write(Run.objects.get(pk=run.pk), lease)
-    write.record(("note", {}))
-    with CaptureQueriesContext(connection) as ctx:
-        store.send(write)
-    assert [_name(q["sql"]) for q in ctx.captured_queries][-2:] == ["prepare", "write"]
-
-
-def test_write__prepared_again_when_the_session_lost_it(leased):
-    """Behind a pooler a session can lose its prepared statements (DISCARD ALL)."""
-    if _server_side_binding():
-        pytest.skip("with server-side binding psycopg prepares it itself")
-    run, lease, _turn, _call = leased
-    for _ in range(2):
-        write = store.Write(run, lease)
-        write.record(("note", {}))
-        store.send(write)
+        assert _sent(ctx) == ["write"]
         with connection.cursor() as cursor:
-            cursor.execute("DEALLOCATE ALL")
-    assert RunEvent.objects.filter(run_id=run.pk, type="note").count() == 2
+            cursor.execute("SELECT count(*) FROM pg_prepared_statements WHERE from_sql")
+            assert cursor.fetchone()[0] == 0
+            if i == 1:
+                cursor.execute("DISCARD ALL")  # what PgBouncer sends when a session ends
+    assert RunEvent.objects.filter(run_id=run.pk, type="note").count() == 3
+    assert sql("write").startswith("SELECT * FROM agentrun_write(")
 
 
-def test_write__not_prepared_when_the_setting_says_so(leased, settings):
-    settings.AGENTRUN_PREPARED_STATEMENTS = False
-    run, lease, _turn, _call = leased
-    write = store.Write(run, lease)
-    write.record(("note", {}))
-    with CaptureQueriesContext(connection) as ctx:
-        store.send(write)
-    assert [q["sql"].split()[0] for q in ctx.captured_queries] == ["WITH"]
+def test_write__the_database_has_the_function_of_queries_sql():
+    """queries.sql's `write_function` is what the migrations installed: a change to it needs a
+    migration of its own (0011_pooler_write_function holds a frozen copy)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_get_functiondef('agentrun_write'::regproc)")
+        installed = cursor.fetchone()[0]
+    body = sql("write_function").split("$agentrun_write$")[1]
+    assert body in installed
+    assert _signature(installed) == _signature(sql("write_function"))
 
 
-def _texts(ctx) -> list[str]:
-    return [q["sql"] for q in ctx.captured_queries]
+def _signature(text: str) -> list[tuple[str, str]]:
+    found = re.search(r"agentrun_write\((.*?)\)\s*RETURNS", text, re.S).group(1)
+    return [tuple(p.strip().split(None, 1)) for p in found.split(",")]
 
 
 def test_fence__refusal_rides_on_the_named_unique_constraint():
@@ -304,7 +279,7 @@ UNCHANGING = {
 
 
 def test_write__names_every_column_it_may_change():
-    text = sql("write")
+    text = sql("write_function")
     for model, unchanging in UNCHANGING.items():
         block = {
             Turn: r"turns_changed AS \((.*?)\),\nturns_added",
@@ -322,34 +297,12 @@ def test_write__names_every_column_it_may_change():
         assert set(re.findall(r'"(\w+)"', inserted)) == columns, table
 
 
-def test_write__prepared_again_after_replan_every_executions(leased, monkeypatch):
-    """A connection's plan follows its tables: after REPLAN_EVERY executions the statement is
-    prepared again (DEALLOCATE, PREPARE), and a session that lost it meanwhile is fine."""
-    if _server_side_binding():
-        pytest.skip("with server-side binding psycopg prepares it itself")
-    monkeypatch.setattr(store_sql, "REPLAN_EVERY", 2)
-    run, lease, _turn, _call = leased
-    names = []
-    for i in range(5):
-        if i == 3:
-            with connection.cursor() as cursor:
-                cursor.execute("DEALLOCATE ALL")
-        write = store.Write(run, lease)
-        write.record(("note", {}))
-        with CaptureQueriesContext(connection) as ctx:
-            store.send(write)
-        names.append([_name(q["sql"]) for q in ctx.captured_queries])
-    assert RunEvent.objects.filter(run_id=run.pk, type="note").count() == 5
-    # 0: first use; 2 and 4: the plan is REPLAN_EVERY executions old; 3: the session lost
-    # the statement (prepared again on the spot).
-    assert [i for i, sent in enumerate(names) if "prepare" in sent] == [0, 2, 3, 4], names
-    assert [i for i, sent in enumerate(names) if "DEALLOCATE agentrun_write" in sent] == [2, 4]
-
-
 def test_write__finds_the_rows_it_changes_by_primary_key(leased):
     """The planner takes a JSON list for 100 rows, for which a hash join over a scan of the
     whole turn or tool-call table (which grows with every run there ever was) looks cheaper
-    than primary-key lookups. Read through LIMIT <count>, the rows are looked up."""
+    than primary-key lookups. Read through LIMIT <count>, the rows are looked up, also in
+    the generic plan PL/pgSQL keeps for the function's statement after a few calls (its
+    statement, prepared here with $n for its parameters, explained with that plan)."""
     run, _lease, turn, call = leased
     with connection.cursor() as cursor:
         for table, vary in (("agentrun_turn", "index"), ("agentrun_toolcall", "tool_call_id")):
@@ -371,12 +324,13 @@ def test_write__finds_the_rows_it_changes_by_primary_key(leased):
                 [row.pk],
             )
             cursor.execute(f"ANALYZE {table}")
-        text, names = store_sql.positional("write")
+        text, names = _body_with_placeholders()
         cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-        cursor.execute(f"PREPARE agentrun_plan_test AS {text}")
+        types = ", ".join(n.split(None, 1)[1] for n in names)
+        cursor.execute(f"PREPARE agentrun_plan_test({types}) AS {text}")
         try:
             # One row to change of each kind, as in a tool call's commit.
-            values = ", ".join("1" if n.endswith("_count") else "NULL" for n in names)
+            values = ", ".join("1" if n.split()[0].endswith("_count") else "NULL" for n in names)
             cursor.execute(f"EXPLAIN EXECUTE agentrun_plan_test({values})")
             plan = "\n".join(line for (line,) in cursor.fetchall())
         finally:
@@ -385,3 +339,39 @@ def test_write__finds_the_rows_it_changes_by_primary_key(leased):
     assert "Seq Scan on agentrun_toolcall" not in plan, plan
     assert "Index Scan using agentrun_turn_pkey" in plan, plan
     assert "Index Scan using agentrun_toolcall_pkey" in plan, plan
+
+
+def _body_with_placeholders() -> tuple[str, list[str]]:
+    """The statement of agentrun_write with $1, $2... for its parameters, and their names
+    with their types ("turns_changed jsonb")."""
+    body = sql("write_function").split("RETURN QUERY", 1)[1].rsplit(";", 1)[0]
+    names: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        if match.group(1) not in names:
+            names.append(match.group(1))
+        return f"${names.index(match.group(1)) + 1}"
+
+    text = re.sub(r"\bp_(\w+)", number, body)
+    types = dict(_signature(sql("write_function")))
+    return text, [f"{name} {types['p_' + name]}" for name in names]
+
+
+def test_write__function_migration_is_reversible():
+    """0011_pooler_write_function drops the function when unapplied and installs it again."""
+    from django.db.migrations.executor import MigrationExecutor
+
+    def installed() -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT to_regproc('agentrun_write') IS NOT NULL")
+            return cursor.fetchone()[0]
+
+    executor = MigrationExecutor(connection)
+    leaf = executor.loader.graph.leaf_nodes("agentrun")
+    try:
+        executor.migrate([("agentrun", "0009_turn_usage_details")])
+        assert not installed()
+    finally:
+        executor = MigrationExecutor(connection)
+        executor.migrate(leaf)
+    assert installed()

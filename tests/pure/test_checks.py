@@ -15,9 +15,11 @@ from django_agentrun.checks import (
     check_api,
     check_celery,
     check_database,
+    check_deployment,
     check_required_apps,
     check_settings,
 )
+from django_agentrun.deploy_checks import database_messages, longest_task_seconds
 from django_agentrun.exceptions import UnknownAgent
 from example_project.celery import app as project_app
 
@@ -31,6 +33,7 @@ def ids(messages):
 
 def test_checks__clean_project_has_no_findings():
     assert check_database() == []
+    assert check_deployment() == []
     assert check_settings() == []
     assert check_celery() == []
     assert check_agents() == []
@@ -192,3 +195,69 @@ def test_checks__auth_and_contenttypes_are_required(settings):
     found = check_required_apps()
     assert ids(found) == {"agentrun.E012"}
     assert "'django.contrib.contenttypes'" in found[0].hint
+
+
+# --------------------------------------------------------------------------- deployment
+
+
+def _pg(**entry):
+    return {"ENGINE": "django.db.backends.postgresql", "NAME": "app", **entry}
+
+
+def test_checks__a_pooler_without_disable_server_side_cursors():
+    found = database_messages({"default": _pg(HOST="db", PORT=6432)})
+    assert ids(found) == {"agentrun.W030"}
+    assert "DISABLE_SERVER_SIDE_CURSORS'] = True" in found[0].hint
+    assert ids(database_messages({"default": _pg(HOST="ep-x-pooler.neon.tech", PORT="5432")})) == {
+        "agentrun.W030"
+    }
+    assert (
+        database_messages({"default": _pg(HOST="db", PORT=6432, DISABLE_SERVER_SIDE_CURSORS=True)})
+        == []
+    )
+    assert database_messages({"default": _pg(HOST="db", PORT=5432)}) == []  # a direct connection
+
+
+def test_checks__server_side_binding_behind_a_pooler_needs_prepare_threshold_none():
+    binding = {"server_side_binding": True}
+    found = database_messages(
+        {"default": _pg(PORT="6543", DISABLE_SERVER_SIDE_CURSORS=True, OPTIONS=binding)}
+    )
+    assert ids(found) == {"agentrun.W031"}
+    assert "'prepare_threshold'] = None" in found[0].hint
+    fixed = {**binding, "prepare_threshold": None}
+    assert (
+        database_messages(
+            {"default": _pg(PORT="6543", DISABLE_SERVER_SIDE_CURSORS=True, OPTIONS=fixed)}
+        )
+        == []
+    )
+    # Django's own pool on a direct connection is fine as it is.
+    assert database_messages({"default": _pg(PORT=5432, OPTIONS={"pool": True, **binding})}) == []
+
+
+def test_checks__the_deprecated_prepared_statements_setting(settings):
+    assert check_deployment() == []
+    settings.AGENTRUN_PREPARED_STATEMENTS = False
+    assert ids(check_deployment()) == {"agentrun.W032"}
+
+
+def test_checks__visibility_timeout_shorter_than_the_longest_task(current, settings):
+    settings.CELERY_BROKER_URL = "redis://127.0.0.1:6379/0"
+    current(configured_app())
+    assert check_celery() == []  # Redis's default (3600 s) is above the longest task
+    longest = longest_task_seconds()
+    assert longest == 30 + 300 * 4 + 30 * 3  # the defaults: TASK_SECONDS, ANTHROPIC_TIMEOUT...
+    settings.CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": longest - 1}
+    found = check_celery_with(current)
+    assert ids(found) == {"agentrun.W004"}
+    assert "visibility_timeout" in found[0].hint
+    settings.CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": longest}
+    assert check_celery_with(current) == []
+    settings.AGENTRUN_ANTHROPIC_TIMEOUT = 1200  # a longer model call makes it short again
+    assert ids(check_celery_with(current)) == {"agentrun.W004"}
+
+
+def check_celery_with(current):
+    current(configured_app())  # the app reads the settings as they are now
+    return check_celery()
