@@ -11,11 +11,15 @@ a task's claim adds one.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
+
+from django.db import DatabaseError, connection
 
 from .. import store, transitions, wakeups
 from ..abort import CANCEL_REQUESTED, AbortSignal
 from ..clients import ModelClient
+from ..conf import agentrun_settings
 from ..exceptions import LeaseLost
 from ..failpoints import failpoint
 from ..identity import worker_identity
@@ -24,6 +28,8 @@ from .heartbeat import Heartbeat
 from .step import Commit, Leave, Outcome, Step, Then
 
 logger = logging.getLogger(__name__)
+
+RETRY_PAUSE = 0.05  # seconds before a commit that was not written is sent again (doubling)
 
 
 def advance(
@@ -84,7 +90,7 @@ def drive(step: Step, *, heartbeat: bool = False) -> str:
 def _send_all(step: Step, commit: Commit) -> str:
     while True:
         if not commit.sent:
-            store.send(commit.write)
+            _send(step, commit.write)
         if commit.failpoint is not None:
             failpoint(*commit.failpoint)
         if commit.then is not Then.GO_ON:
@@ -95,6 +101,35 @@ def _send_all(step: Step, commit: Commit) -> str:
         if commit.write.cancel_requested and not step.abort.cancel_requested:
             step.abort.abort(CANCEL_REQUESTED)
         commit = _next(step)
+
+
+def _send(step: Step, write: store.Write) -> None:
+    """Send a commit. A deadlock or serialization failure rolled it back whole (it is one
+    statement): send it again. A broken connection too, on a new one (had it landed, the
+    new attempt is refused and recovery reads the database). So a tool's result, once its
+    handler returned, is never lost to a rolled-back write: attempts go on, with a growing
+    pause, while the lease holds (the heartbeat renews it and says when it is lost)."""
+    pause, started = RETRY_PAUSE, time.monotonic()
+    while True:
+        try:
+            store.send(write)
+            return
+        except DatabaseError as exc:
+            lost = store.lost_race(exc)
+            if not (lost or store.connection_lost(exc)) or connection.in_atomic_block:
+                raise
+            held = not (step.abort.aborted and not step.abort.cancel_requested)
+            if not held or time.monotonic() - started > agentrun_settings.LEASE_SECONDS:
+                raise
+            logger.warning(
+                "Commit not written (%s), sending it again run_id=%s",
+                store.sqlstate(exc) if lost else "connection lost",
+                step.run_id,
+            )
+            if not lost:
+                connection.close()  # a new connection for the next attempt
+            time.sleep(pause)
+            pause = min(pause * 2, 1.0)
 
 
 def _next(step: Step) -> Commit:

@@ -247,10 +247,10 @@ def cancel_parked(run: Run) -> None:
     once instead of waiting for a person."""
     from django.db import transaction
 
-    from ..store import send
+    from ..store import lock_run, send
 
     with transaction.atomic():
-        run = Run.objects.select_for_update().get(pk=run.pk)
+        run = lock_run(run.pk)
         if run.state != RunState.AWAITING_APPROVAL:
             return
         write = Write(run)

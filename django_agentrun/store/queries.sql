@@ -130,7 +130,18 @@ SELECT statement_timestamp()
 -- With no r the events' seq is 1, which the run's first event already has: the statement
 -- fails as a whole on the unique constraint agentrun_runevent_seq (FENCE_CONSTRAINT),
 -- which store/writes.py turns into LeaseLost or ConcurrentUpdate.
+--
+-- Lock order (store/locks.py, docs/durability.md): the run's row first, then its turns and
+-- tool calls, as every service and the reaper take them. run_locked takes the run's row
+-- (FOR NO KEY UPDATE: the run's own UPDATE below takes the same lock) and the two UPDATEs
+-- of turns and tool calls join it, so no turn or call row is locked before the run's.
+-- Without it a call's row was locked first and the run's last: a decision holding the run
+-- and waiting for the call deadlocked with it. (Carried over as is if this statement moves
+-- into a function.)
 WITH
+run_locked AS MATERIALIZED (
+  SELECT "id" FROM "agentrun_run" WHERE "id" = %(run_id)s::uuid FOR NO KEY UPDATE
+),
 turns_changed AS (
   UPDATE "agentrun_turn" AS t SET
     "state" = CASE WHEN v.changes ? 'state' THEN p."state" ELSE t."state" END,
@@ -146,7 +157,8 @@ turns_changed AS (
     "cache_creation_input_tokens" = CASE WHEN v.changes ? 'cache_creation_input_tokens' THEN p."cache_creation_input_tokens" ELSE t."cache_creation_input_tokens" END,
     "cache_read_input_tokens" = CASE WHEN v.changes ? 'cache_read_input_tokens' THEN p."cache_read_input_tokens" ELSE t."cache_read_input_tokens" END,
     "finished_at" = CASE WHEN v.changes ? 'finished_at' THEN p."finished_at" ELSE t."finished_at" END
-  FROM (SELECT * FROM jsonb_to_recordset(%(turns_changed)s::jsonb)
+  FROM run_locked,
+       (SELECT * FROM jsonb_to_recordset(%(turns_changed)s::jsonb)
           AS x("id" bigint, "expected" text, "changes" jsonb)
         LIMIT %(turns_changed_count)s::integer) AS v,
        LATERAL jsonb_populate_record(NULL::"agentrun_turn", v.changes) AS p
@@ -189,7 +201,8 @@ calls_changed AS (
     "arguments" = CASE WHEN v.changes ? 'arguments' THEN p."arguments" ELSE c."arguments" END,
     "arguments_hash" = CASE WHEN v.changes ? 'arguments_hash' THEN p."arguments_hash" ELSE c."arguments_hash" END,
     "original_arguments" = CASE WHEN v.changes ? 'original_arguments' THEN p."original_arguments" ELSE c."original_arguments" END
-  FROM (SELECT * FROM jsonb_to_recordset(%(calls_changed)s::jsonb)
+  FROM run_locked,
+       (SELECT * FROM jsonb_to_recordset(%(calls_changed)s::jsonb)
           AS x("id" bigint, "expected" text, "changes" jsonb)
         LIMIT %(calls_changed_count)s::integer) AS v,
        LATERAL jsonb_populate_record(NULL::"agentrun_toolcall", v.changes) AS p
