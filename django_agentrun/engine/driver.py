@@ -90,7 +90,10 @@ def drive(step: Step, *, heartbeat: bool = False) -> str:
 def _send_all(step: Step, commit: Commit) -> str:
     while True:
         if not commit.sent:
-            _send(step, commit.write)
+            try:
+                store.send(commit.write)
+            except DatabaseError as exc:
+                _send_again(step, commit.write, exc)
         if commit.failpoint is not None:
             failpoint(*commit.failpoint)
         if commit.then is not Then.GO_ON:
@@ -103,33 +106,35 @@ def _send_all(step: Step, commit: Commit) -> str:
         commit = _next(step)
 
 
-def _send(step: Step, write: store.Write) -> None:
-    """Send a commit. A deadlock or serialization failure rolled it back whole (it is one
-    statement): send it again. A broken connection too, on a new one (had it landed, the
-    new attempt is refused and recovery reads the database). So a tool's result, once its
-    handler returned, is never lost to a rolled-back write: attempts go on, with a growing
-    pause, while the lease holds (the heartbeat renews it and says when it is lost)."""
+def _send_again(step: Step, write: store.Write, error: DatabaseError) -> None:
+    """A commit was not written. A deadlock or serialization failure rolled it back whole
+    (it is one statement): send it again. A broken connection too, on a new one (had it
+    landed, the new attempt is refused and recovery reads the database). So a tool's
+    result, once its handler returned, is never lost to a rolled-back write: attempts go
+    on, with a growing pause, while the lease holds (the heartbeat renews it and says when
+    it is lost); any other error is raised."""
     pause, started = RETRY_PAUSE, time.monotonic()
     while True:
+        lost = store.lost_race(error)
+        if not (lost or store.connection_lost(error)) or connection.in_atomic_block:
+            raise error
+        held = not (step.abort.aborted and not step.abort.cancel_requested)
+        if not held or time.monotonic() - started > agentrun_settings.LEASE_SECONDS:
+            raise error
+        logger.warning(
+            "Commit not written (%s), sending it again run_id=%s",
+            store.sqlstate(error) if lost else "connection lost",
+            step.run_id,
+        )
+        if not lost:
+            connection.close()  # a new connection for the next attempt
+        time.sleep(pause)
+        pause = min(pause * 2, 1.0)
         try:
             store.send(write)
             return
         except DatabaseError as exc:
-            lost = store.lost_race(exc)
-            if not (lost or store.connection_lost(exc)) or connection.in_atomic_block:
-                raise
-            held = not (step.abort.aborted and not step.abort.cancel_requested)
-            if not held or time.monotonic() - started > agentrun_settings.LEASE_SECONDS:
-                raise
-            logger.warning(
-                "Commit not written (%s), sending it again run_id=%s",
-                store.sqlstate(exc) if lost else "connection lost",
-                step.run_id,
-            )
-            if not lost:
-                connection.close()  # a new connection for the next attempt
-            time.sleep(pause)
-            pause = min(pause * 2, 1.0)
+            error = exc
 
 
 def _next(step: Step) -> Commit:
