@@ -20,7 +20,7 @@ from .. import store, transitions, wakeups
 from ..abort import CANCEL_REQUESTED, AbortSignal
 from ..clients import ModelClient
 from ..conf import agentrun_settings
-from ..exceptions import LeaseLost
+from ..exceptions import ConcurrentUpdate, LeaseLost
 from ..failpoints import failpoint
 from ..identity import worker_identity
 from . import claim, endings, execution, model_turn
@@ -94,6 +94,11 @@ def _send_all(step: Step, commit: Commit) -> str:
                 store.send(commit.write)
             except DatabaseError as exc:
                 _send_again(step, commit.write, exc)
+            except (LeaseLost, ConcurrentUpdate):
+                # Refused: the run changed meanwhile. A tool that ran keeps its result.
+                if endings.keep_result(step, commit.write):
+                    raise Leave(f"Run {step.run_id} changed meanwhile; result kept") from None
+                raise
         if commit.failpoint is not None:
             failpoint(*commit.failpoint)
         if commit.then is not Then.GO_ON:
