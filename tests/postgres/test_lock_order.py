@@ -92,3 +92,51 @@ def test_lock_order__a_decision_that_deadlocks_is_retried(postgres, caplog):
     assert call.approved and call.state == "requested"
     assert Run.objects.get(pk=run.pk).state == "awaiting_tool"
     assert any("Retrying approve_tool_call" in r.getMessage() for r in caplog.records)
+
+
+def _lose_a_race(code: str = "40P01") -> None:
+    """A real error from Postgres with the SQLSTATE of a lost race."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            f"DO $$ BEGIN RAISE EXCEPTION 'lost' USING ERRCODE = '{code}'; END $$"  # noqa: S608
+        )
+
+
+@pytest.mark.parametrize("code", ["40P01", "40001"])
+def test_lost_race__retried_then_a_conflict_never_a_server_error(postgres, code):
+    from django_agentrun.exceptions import ConcurrentUpdate
+    from django_agentrun.services.retrying import ATTEMPTS, retry_lost_race
+
+    tries: list[int] = []
+
+    @retry_lost_race
+    def loses_twice() -> str:
+        tries.append(1)
+        if len(tries) <= 2:
+            _lose_a_race(code)
+        return "done"
+
+    assert loses_twice() == "done" and len(tries) == 3
+
+    @retry_lost_race
+    def always_loses() -> None:
+        tries.append(1)
+        _lose_a_race(code)
+
+    tries.clear()
+    with pytest.raises(ConcurrentUpdate):
+        always_loses()
+    assert len(tries) == ATTEMPTS
+
+
+def test_lost_race__in_a_view_is_a_409(postgres):
+    from django.db import DatabaseError
+
+    from django_agentrun.api.errors import exception_handler
+
+    try:
+        _lose_a_race()
+    except DatabaseError as exc:
+        response = exception_handler(exc, {})
+    assert response is not None and response.status_code == 409
+    assert response.data["code"] == "concurrent_update"
