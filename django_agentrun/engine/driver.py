@@ -91,9 +91,10 @@ def _send_all(step: Step, commit: Commit) -> str:
     while True:
         if not commit.sent:
             try:
-                store.send(commit.write)
-            except DatabaseError as exc:
-                _send_again(step, commit.write, exc)
+                try:
+                    store.send(commit.write)
+                except DatabaseError as exc:
+                    _send_again(step, commit.write, exc)
             except (LeaseLost, ConcurrentUpdate):
                 # Refused: the run changed meanwhile. A tool that ran keeps its result.
                 if endings.keep_result(step, commit.write):

@@ -27,7 +27,7 @@ from ..events import EventType, payloads
 from ..models import Run, ToolCall, Turn
 from ..outcomes import Outcome, call_key
 from ..states import ResultSource, RunState, SideEffect, ToolCallState
-from ..store import Write, database_now, lock_call, send
+from ..store import Write, database_now, lock_call, lock_run, send
 from ..tokens import approval_token
 from ..tools import Tool
 from .history import text_of
@@ -248,8 +248,6 @@ def stop(step: Step, target: str, reason: str) -> Commit:
 def cancel_parked(run: Run) -> None:
     """A cancel request arrived as the run parked: nobody holds it now, so it applies at
     once instead of waiting for a person."""
-    from ..store import lock_run
-
     with transaction.atomic():
         run = lock_run(run.pk)
         if run.state != RunState.AWAITING_APPROVAL:
