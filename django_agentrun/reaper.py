@@ -66,7 +66,9 @@ BACKLOG_PATIENCE = 10
 
 def _locked(qs, batch: int) -> list[Run]:
     if connection.features.has_select_for_update_skip_locked:
-        qs = qs.select_for_update(skip_locked=True)
+        # The runs' rows first (store/locks.py), skipping those a worker or a person holds;
+        # each repair then changes that run's turns and calls.
+        qs = qs.select_for_update(skip_locked=True, no_key=True)
     return list(qs[:batch])
 
 

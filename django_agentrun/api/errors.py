@@ -17,6 +17,7 @@ from typing import Any
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig
+from django.db import DatabaseError
 from django.http import Http404
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -34,6 +35,7 @@ from ..exceptions import (
     InvalidTransition,
     UnknownAgent,
 )
+from ..services import lost_race
 
 # Looked up along the exception's MRO, so a subclass inherits its parent's status.
 # Errors not listed (LeaseLost, ConfigurationError...) are server faults: a logged 500.
@@ -69,8 +71,19 @@ class InvalidCursor(exceptions.APIException):
     default_code = "invalid_cursor"
 
 
+class LostRace(exceptions.APIException):
+    """A deadlock or serialization failure that reached a view (the services retry their
+    own): the state changed under the request."""
+
+    status_code = status.HTTP_409_CONFLICT
+    default_detail = "The run changed while this request was made: read it again and retry."
+    default_code = "concurrent_update"
+
+
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     """The API's exception handler: every refusal as `{"code", "detail"}`."""
+    if isinstance(exc, DatabaseError) and lost_race(exc):
+        exc = LostRace()
     if isinstance(exc, AgentRunError):
         code = status_for(exc)
         if code is None:

@@ -11,12 +11,16 @@ a task's claim adds one.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
+
+from django.db import DatabaseError, connection
 
 from .. import store, transitions, wakeups
 from ..abort import CANCEL_REQUESTED, AbortSignal
 from ..clients import ModelClient
-from ..exceptions import LeaseLost
+from ..conf import agentrun_settings
+from ..exceptions import ConcurrentUpdate, LeaseLost
 from ..failpoints import failpoint
 from ..identity import worker_identity
 from . import claim, endings, execution, model_turn
@@ -24,6 +28,8 @@ from .heartbeat import Heartbeat
 from .step import Commit, Leave, Outcome, Step, Then
 
 logger = logging.getLogger(__name__)
+
+RETRY_PAUSE = 0.05  # seconds before a commit that was not written is sent again (doubling)
 
 
 def advance(
@@ -84,7 +90,16 @@ def drive(step: Step, *, heartbeat: bool = False) -> str:
 def _send_all(step: Step, commit: Commit) -> str:
     while True:
         if not commit.sent:
-            store.send(commit.write)
+            try:
+                try:
+                    store.send(commit.write)
+                except DatabaseError as exc:
+                    _send_again(step, commit.write, exc)
+            except (LeaseLost, ConcurrentUpdate):
+                # Refused: the run changed meanwhile. A tool that ran keeps its result.
+                if endings.keep_result(step, commit.write):
+                    raise Leave(f"Run {step.run_id} changed meanwhile; result kept") from None
+                raise
         if commit.failpoint is not None:
             failpoint(*commit.failpoint)
         if commit.then is not Then.GO_ON:
@@ -95,6 +110,37 @@ def _send_all(step: Step, commit: Commit) -> str:
         if commit.write.cancel_requested and not step.abort.cancel_requested:
             step.abort.abort(CANCEL_REQUESTED)
         commit = _next(step)
+
+
+def _send_again(step: Step, write: store.Write, error: DatabaseError) -> None:
+    """A commit was not written. A deadlock or serialization failure rolled it back whole
+    (it is one statement): send it again. A broken connection too, on a new one (had it
+    landed, the new attempt is refused and recovery reads the database). So a tool's
+    result, once its handler returned, is never lost to a rolled-back write: attempts go
+    on, with a growing pause, while the lease holds (the heartbeat renews it and says when
+    it is lost); any other error is raised."""
+    pause, started = RETRY_PAUSE, time.monotonic()
+    while True:
+        lost = store.lost_race(error)
+        if not (lost or store.connection_lost(error)) or connection.in_atomic_block:
+            raise error
+        held = not (step.abort.aborted and not step.abort.cancel_requested)
+        if not held or time.monotonic() - started > agentrun_settings.LEASE_SECONDS:
+            raise error
+        logger.warning(
+            "Commit not written (%s), sending it again run_id=%s",
+            store.sqlstate(error) if lost else "connection lost",
+            step.run_id,
+        )
+        if not lost:
+            connection.close()  # a new connection for the next attempt
+        time.sleep(pause)
+        pause = min(pause * 2, 1.0)
+        try:
+            store.send(write)
+            return
+        except DatabaseError as exc:
+            error = exc
 
 
 def _next(step: Step) -> Commit:

@@ -17,14 +17,17 @@ from datetime import timedelta
 from typing import Any
 
 import jsonschema
+from django.db import transaction
 from django.utils import timezone
 
 from .. import signals, transitions
 from ..abort import LEASE_UNRENEWED
+from ..content import StoredResult
+from ..events import EventType, payloads
 from ..models import Run, ToolCall, Turn
-from ..outcomes import call_key
-from ..states import RunState, SideEffect, ToolCallState
-from ..store import Write
+from ..outcomes import Outcome, call_key
+from ..states import ResultSource, RunState, SideEffect, ToolCallState
+from ..store import Write, database_now, lock_call, lock_run, send
 from ..tokens import approval_token
 from ..tools import Tool
 from .history import text_of
@@ -245,17 +248,66 @@ def stop(step: Step, target: str, reason: str) -> Commit:
 def cancel_parked(run: Run) -> None:
     """A cancel request arrived as the run parked: nobody holds it now, so it applies at
     once instead of waiting for a person."""
-    from django.db import transaction
-
-    from ..store import send
-
     with transaction.atomic():
-        run = Run.objects.select_for_update().get(pk=run.pk)
+        run = lock_run(run.pk)
         if run.state != RunState.AWAITING_APPROVAL:
             return
         write = Write(run)
         transitions.stop_run(write, run, RunState.CANCELLED, run.cancel_reason or "cancelled")
         send(write)
+
+
+LATE = "the tool returned after its run was stopped or recovered: its result is kept"
+
+
+def keep_result(step: Step, write: Write) -> bool:
+    """A commit holding a tool's executed result was refused (a cancel stopped the run, or
+    recovery took the lease meanwhile). The tool ran, so its result is recorded anyway on
+    the call as it is now: closing it if it is still open (in_flight, or unknown after
+    recovery: the run then goes on as after a person's decision), or in place of the
+    synthetic result a cancel gave it. False when the commit held no executed result, or
+    another live holder of the run settles the call."""
+    change = next(
+        (
+            c
+            for c in write.changed
+            if isinstance(c.obj, ToolCall)
+            and c.fields.get("result_source") == ResultSource.EXECUTED
+        ),
+        None,
+    )
+    if change is None:
+        return False
+    fields = change.fields
+    result = StoredResult(fields["result"], fields["result_format"])
+    with transaction.atomic():
+        call, run = lock_call(change.obj.pk)  # the run's row, then the call's
+        kept = Write(run)
+        if call.state == ToolCallState.IN_FLIGHT and run.lease_owner:
+            if run.lease_expires_at is not None and run.lease_expires_at > database_now():
+                return False  # its new holder settles it
+        if call.state in (ToolCallState.IN_FLIGHT, ToolCallState.UNKNOWN):
+            outcome = Outcome(change.obj.state, result, fields["is_error"], ResultSource.EXECUTED)
+            transitions.close_call(kept, call, outcome, extra={"late": True})
+            transitions.after_decision(kept, run, call)
+        elif call.state == ToolCallState.CANCELLED and call.result_source == ResultSource.SYNTHETIC:
+            kept.change(
+                call,
+                call.state,
+                result=result.value,
+                result_format=result.format,
+                is_error=fields["is_error"],
+                result_source=ResultSource.EXECUTED,
+            )
+            extra = {"by": None, "note": LATE}
+            kept.record(
+                payloads.call_result(call, kind=EventType.TOOL_RESULT_REPLACED, extra=extra)
+            )
+        else:
+            return False
+        send(kept)
+    logger.warning("%s run_id=%s tool_call_id=%s", LATE, run.pk, call.tool_call_id)
+    return True
 
 
 def describe(value: Any) -> str:

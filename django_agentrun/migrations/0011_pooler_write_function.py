@@ -44,6 +44,9 @@ CREATE OR REPLACE FUNCTION agentrun_write(
 BEGIN
 RETURN QUERY
 WITH
+run_locked AS MATERIALIZED (
+  SELECT "id" FROM "agentrun_run" WHERE "id" = p_run_id FOR NO KEY UPDATE
+),
 turns_changed AS (
   UPDATE "agentrun_turn" AS t SET
     "state" = CASE WHEN v.changes ? 'state' THEN p."state" ELSE t."state" END,
@@ -59,7 +62,8 @@ turns_changed AS (
     "cache_creation_input_tokens" = CASE WHEN v.changes ? 'cache_creation_input_tokens' THEN p."cache_creation_input_tokens" ELSE t."cache_creation_input_tokens" END,
     "cache_read_input_tokens" = CASE WHEN v.changes ? 'cache_read_input_tokens' THEN p."cache_read_input_tokens" ELSE t."cache_read_input_tokens" END,
     "finished_at" = CASE WHEN v.changes ? 'finished_at' THEN p."finished_at" ELSE t."finished_at" END
-  FROM (SELECT * FROM jsonb_to_recordset(p_turns_changed)
+  FROM run_locked,
+       (SELECT * FROM jsonb_to_recordset(p_turns_changed)
           AS x("id" bigint, "expected" text, "changes" jsonb)
         LIMIT p_turns_changed_count) AS v,
        LATERAL jsonb_populate_record(NULL::"agentrun_turn", v.changes) AS p
@@ -102,7 +106,8 @@ calls_changed AS (
     "arguments" = CASE WHEN v.changes ? 'arguments' THEN p."arguments" ELSE c."arguments" END,
     "arguments_hash" = CASE WHEN v.changes ? 'arguments_hash' THEN p."arguments_hash" ELSE c."arguments_hash" END,
     "original_arguments" = CASE WHEN v.changes ? 'original_arguments' THEN p."original_arguments" ELSE c."original_arguments" END
-  FROM (SELECT * FROM jsonb_to_recordset(p_calls_changed)
+  FROM run_locked,
+       (SELECT * FROM jsonb_to_recordset(p_calls_changed)
           AS x("id" bigint, "expected" text, "changes" jsonb)
         LIMIT p_calls_changed_count) AS v,
        LATERAL jsonb_populate_record(NULL::"agentrun_toolcall", v.changes) AS p

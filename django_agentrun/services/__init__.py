@@ -6,6 +6,7 @@ fork (forks.py) copies a run's history into a new run; a conversation's message
 
 from __future__ import annotations
 
+from ..store import lost_race
 from ..tokens import TOKEN_SALT, approval_token, check_approval_token
 from .conversations import send_message, start_conversation, stop_conversation
 from .decisions import (
@@ -29,6 +30,7 @@ __all__ = [
     "check_approval_token",
     "fork_points",
     "fork_run",
+    "lost_race",
     "reject_tool_call",
     "replace_tool_result",
     "resolve_tool_call",

@@ -28,6 +28,7 @@ from ..exceptions import ConversationBusy, IdempotencyConflict, InvalidInput
 from ..fields import check_json, check_text
 from ..models import Conversation, Run, RunEvent
 from ..states import RUN_ACTIVE, ConversationPolicy
+from .retrying import retry_lost_race
 from .runs import (
     add_cancel,
     check_refusals,
@@ -81,6 +82,7 @@ def start_conversation(
     return conversation
 
 
+@retry_lost_race
 def send_message(
     conversation: Conversation | Any,
     input: Any,
@@ -123,9 +125,7 @@ def send_message(
     context = run_context(registered_agents().get(name or ""), context)
     with transaction.atomic():
         # Serialises the messages of one conversation: positions, policies and keys.
-        conversation = Conversation.objects.select_for_update().get(
-            pk=getattr(conversation, "pk", conversation)
-        )
+        conversation = store.lock_conversation(getattr(conversation, "pk", conversation))
         if idempotency_key is not None:
             existing = _existing(conversation, idempotency_key, input, request_hash)
             if existing is not None:
@@ -135,11 +135,8 @@ def send_message(
         # Its options are fixed at its start (with thinking between_tools the effort may
         # not change within a conversation); a snapshot the model now refuses is a 400.
         check_refusals(conversation.config or {}, f"Conversation {conversation.pk}")
-        active = list(
-            conversation.runs.filter(state__in=RUN_ACTIVE)
-            .select_for_update()
-            .order_by("conversation_position")
-        )
+        # The lock order (store/locks.py): the conversation, then its runs by position.
+        active = store.lock_active_runs(conversation, RUN_ACTIVE)
         if active and chosen == ConversationPolicy.REJECT:
             raise ConversationBusy(
                 f"Conversation {conversation.pk} is busy: run {active[0].pk} is "
@@ -232,6 +229,7 @@ def _interrupt(run: Run, next_run: Run, *, by: Any, rollback: bool) -> None:
         store.send(write)
 
 
+@retry_lost_race
 def stop_conversation(
     conversation: Conversation | Any, *, by: Any = None, reason: str = ""
 ) -> Conversation:
@@ -240,11 +238,8 @@ def stop_conversation(
     Stopping a conversation with no active run changes nothing."""
     check_text(reason, "The reason")
     with transaction.atomic():
-        conversation = Conversation.objects.select_for_update().get(
-            pk=getattr(conversation, "pk", conversation)
-        )
-        active = conversation.runs.filter(state__in=RUN_ACTIVE).select_for_update()
-        for run in active.order_by("conversation_position"):
+        conversation = store.lock_conversation(getattr(conversation, "pk", conversation))
+        for run in store.lock_active_runs(conversation, RUN_ACTIVE):
             write = store.Write(run)
             add_cancel(write, run, by=by, reason=reason or STOPPED)
             if write.events:

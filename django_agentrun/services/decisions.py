@@ -19,6 +19,7 @@ from ..models import Run, ToolCall
 from ..states import ResultSource, RunState, ToolCallState
 from ..tokens import check_approval_token
 from ..tools import ToolArgumentsError, arguments_hash
+from .retrying import retry_lost_race
 
 logger = logging.getLogger(__name__)
 
@@ -28,13 +29,11 @@ REPAIRABLE = (RunState.FAILED, RunState.CANCELLED, RunState.TIMED_OUT)
 
 def _lock_call(tool_call: ToolCall | Any) -> tuple[ToolCall, Run]:
     pk = getattr(tool_call, "pk", tool_call)
-    run_id = ToolCall.objects.filter(pk=pk).values_list("run_id", flat=True).first()
-    if run_id is None:
-        raise ApprovalError(f"Tool call {pk} does not exist.")
-    # Lock order: run, then call (the engine writes in the same order).
-    run = Run.objects.select_for_update().get(pk=run_id)
-    call = ToolCall.objects.select_for_update().select_related("turn").get(pk=pk)
-    return call, run
+    try:
+        # The one lock order (store/locks.py): the run, then the call.
+        return store.lock_call(pk)
+    except ToolCall.DoesNotExist as exc:
+        raise ApprovalError(f"Tool call {pk} does not exist.") from exc
 
 
 def _check_token(call: ToolCall, token: str | None) -> None:
@@ -68,6 +67,7 @@ def _decided(by: Any, note: str) -> dict[str, Any]:
     }
 
 
+@retry_lost_race
 def approve_tool_call(
     tool_call: ToolCall | Any,
     *,
@@ -111,6 +111,7 @@ def approve_tool_call(
     return call
 
 
+@retry_lost_race
 def reject_tool_call(
     tool_call: ToolCall | Any, *, by: Any, reason: str, token: str | None = None
 ) -> ToolCall:
@@ -139,6 +140,7 @@ def reject_tool_call(
     return call
 
 
+@retry_lost_race
 def resolve_tool_call(
     tool_call: ToolCall | Any,
     *,
@@ -184,6 +186,7 @@ def resolve_tool_call(
     return call
 
 
+@retry_lost_race
 def replace_tool_result(
     tool_call: ToolCall | Any, *, by: Any, result: Any, is_error: bool = False, note: str = ""
 ) -> ToolCall:

@@ -21,13 +21,14 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from .. import wakeups
+from .. import store, wakeups
 from ..clients.base import USAGE_KEYS
 from ..engine.guards import cost_of
 from ..events import EventType, payloads
 from ..exceptions import InvalidInput, InvalidTransition
 from ..models import Run, RunEvent, ToolCall, Turn, idempotency_key_for
 from ..states import TurnState
+from .retrying import retry_lost_race
 from .runs import check_refusals
 
 logger = logging.getLogger(__name__)
@@ -99,6 +100,7 @@ def _ended(turn: Turn, calls: list[ToolCall]) -> str:
     return ""
 
 
+@retry_lost_race
 def fork_run(run: Run | Any, *, at_turn: int, by: Any = None) -> Run:
     """Start a new run that asks the model again at turn `at_turn` of `run`, with a copy
     of the turns before it (their tool calls closed, with their recorded results).
@@ -113,7 +115,7 @@ def fork_run(run: Run | Any, *, at_turn: int, by: Any = None) -> Run:
         raise InvalidInput("The turn to fork from must be a turn index (0 or more).")
     with transaction.atomic():
         # Serialises with a repair of the original's results (replace_tool_result).
-        original = Run.objects.select_for_update().get(pk=getattr(run, "pk", run))
+        original = store.lock_run(getattr(run, "pk", run))
         points = fork_points(original)
         if at_turn >= len(points):
             raise InvalidInput(f"Run {original.pk} has no turn {at_turn}: {_offer(points)}")

@@ -30,6 +30,7 @@ from ..fields import StorableJSONEncoder, check_json, check_text, unsendable
 from ..models import Run, RunEvent
 from ..states import RunState
 from ..store import database_now
+from .retrying import retry_lost_race
 
 logger = logging.getLogger(__name__)
 
@@ -234,12 +235,13 @@ def _lease_live(run: Run, now: datetime) -> bool:
     return bool(run.lease_owner) and run.lease_expires_at is not None and run.lease_expires_at > now
 
 
+@retry_lost_race
 def cancel_run(run: Run | Any, *, by: Any = None, reason: str = "") -> Run:
     """Ask a run to stop. Applied at once when no worker holds it; otherwise the holder
     sees the request within about a second and closes the turn cleanly."""
     check_text(reason, "The reason")
     with transaction.atomic():
-        run = Run.objects.select_for_update().get(pk=getattr(run, "pk", run))
+        run = store.lock_run(getattr(run, "pk", run))
         if run.state == RunState.CANCELLED:
             return run
         if not run.is_active:
@@ -265,10 +267,11 @@ def add_cancel(write: store.Write, run: Run, *, by: Any, reason: str) -> None:
         transitions.stop_run(write, run, RunState.CANCELLED, reason)
 
 
+@retry_lost_race
 def resume_run(run: Run | Any, *, by: Any = None) -> Run:
     """Queue a failed, cancelled or timed-out run again; it continues from its history."""
     with transaction.atomic():
-        run = Run.objects.select_for_update().get(pk=getattr(run, "pk", run))
+        run = store.lock_run(getattr(run, "pk", run))
         if run.conversation_id is not None:
             _resumable_in_conversation(run)
         check_refusals(run.config or {}, f"Run {run.pk}")  # as a new run, before it is queued

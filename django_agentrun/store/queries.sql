@@ -161,6 +161,13 @@ SELECT * FROM agentrun_write(
 -- fails as a whole on the unique constraint agentrun_runevent_seq (FENCE_CONSTRAINT),
 -- which store/writes.py turns into LeaseLost or ConcurrentUpdate.
 --
+-- Lock order (store/locks.py, docs/durability.md): the run's row first, then its turns and
+-- tool calls, as every service and the reaper take them. run_locked takes the run's row
+-- (FOR NO KEY UPDATE: the run's own UPDATE below takes the same lock) and the two UPDATEs
+-- of turns and tool calls join it, so no turn or call row is locked before the run's.
+-- Without it a call's row was locked first and the run's last: a decision holding the run
+-- and waiting for the call deadlocked with it. (Carried over into the function as is.)
+--
 -- `#variable_conflict use_column`: a name that is both a column and one of the result's
 -- columns (last_seq...) means the column; the parameters' p_ prefix is no column's.
 CREATE OR REPLACE FUNCTION agentrun_write(
@@ -196,6 +203,9 @@ CREATE OR REPLACE FUNCTION agentrun_write(
 BEGIN
 RETURN QUERY
 WITH
+run_locked AS MATERIALIZED (
+  SELECT "id" FROM "agentrun_run" WHERE "id" = p_run_id FOR NO KEY UPDATE
+),
 turns_changed AS (
   UPDATE "agentrun_turn" AS t SET
     "state" = CASE WHEN v.changes ? 'state' THEN p."state" ELSE t."state" END,
@@ -211,7 +221,8 @@ turns_changed AS (
     "cache_creation_input_tokens" = CASE WHEN v.changes ? 'cache_creation_input_tokens' THEN p."cache_creation_input_tokens" ELSE t."cache_creation_input_tokens" END,
     "cache_read_input_tokens" = CASE WHEN v.changes ? 'cache_read_input_tokens' THEN p."cache_read_input_tokens" ELSE t."cache_read_input_tokens" END,
     "finished_at" = CASE WHEN v.changes ? 'finished_at' THEN p."finished_at" ELSE t."finished_at" END
-  FROM (SELECT * FROM jsonb_to_recordset(p_turns_changed)
+  FROM run_locked,
+       (SELECT * FROM jsonb_to_recordset(p_turns_changed)
           AS x("id" bigint, "expected" text, "changes" jsonb)
         LIMIT p_turns_changed_count) AS v,
        LATERAL jsonb_populate_record(NULL::"agentrun_turn", v.changes) AS p
@@ -254,7 +265,8 @@ calls_changed AS (
     "arguments" = CASE WHEN v.changes ? 'arguments' THEN p."arguments" ELSE c."arguments" END,
     "arguments_hash" = CASE WHEN v.changes ? 'arguments_hash' THEN p."arguments_hash" ELSE c."arguments_hash" END,
     "original_arguments" = CASE WHEN v.changes ? 'original_arguments' THEN p."original_arguments" ELSE c."original_arguments" END
-  FROM (SELECT * FROM jsonb_to_recordset(p_calls_changed)
+  FROM run_locked,
+       (SELECT * FROM jsonb_to_recordset(p_calls_changed)
           AS x("id" bigint, "expected" text, "changes" jsonb)
         LIMIT p_calls_changed_count) AS v,
        LATERAL jsonb_populate_record(NULL::"agentrun_toolcall", v.changes) AS p

@@ -272,3 +272,18 @@ Agent(
     server_tools=[server_tool("web_search_20250305", max_uses=3)],
     max_turns=30,
 )
+
+
+# A payment whose outcome recovery cannot know (no reconcile check), running the test's hook
+# (tests/db/test_late_result.py: the run is recovered while it runs).
+@tool(side_effect=SideEffect.NON_IDEMPOTENT)
+def pay_during(ctx: ToolContext, name: str) -> str:
+    """Pay, running the test's hook `name` meanwhile."""
+    record("pay_during", key=ctx.idempotency_key, name=name)
+    hook = DURING.get(name)
+    if hook is not None:
+        hook()
+    return f"paid {name}"
+
+
+Agent(name="late-payments", model="claude-sonnet-4-5", tools=[pay_during], max_turns=4)
