@@ -144,7 +144,7 @@ class Step:
                 if c.is_closed
             ]
             turns.setdefault(turn.run_id, []).append(
-                TurnRecord(turn.index, turn.content, results, turn.stop_reason)
+                TurnRecord(turn.index, turn.content, results, turn.stop_reason, turn.prefix)
             )
         self.earlier = [Segment(r.input, r.context, turns.get(r.pk, [])) for r in earlier.runs]
         self.earlier_ids = {c.tool_call_id for c in earlier.calls}
