@@ -112,6 +112,10 @@ def _add(
             continue  # no response recorded (cancelled or failed before it)
         if cut_off:
             add_user(messages, user_message(CONTINUE_NOTICE))
+        else:
+            # A paused turn is continued by an answer holding its results: not one sent
+            # after the final-turn notice (a user message then, not kept in the history).
+            close_paused(messages, answered=_answered(turn.content))
         message = {"role": "assistant", "content": turn.content}
         messages.append(message)
         if origins is not None:
@@ -121,17 +125,23 @@ def _add(
         cut_off = turn.cut_off
 
 
-def close_paused(messages: list[dict[str, Any]]) -> None:
+def _answered(content: Any) -> set[Any]:
+    return {b.get("tool_use_id") for b in content if isinstance(b, dict)}
+
+
+def close_paused(messages: list[dict[str, Any]], answered: set[Any] = frozenset()) -> None:  # type: ignore[assignment]
     """Before a user message follows: the last assistant message without the server_tool_use
-    blocks it left unanswered (a turn paused with `pause_turn`, never continued). The API
-    answers them only when the paused turn is sent back as the last message; followed by
-    anything else, an open server_tool_use is refused. A message left empty goes."""
+    blocks it left unanswered (a turn paused with `pause_turn`, never continued), but those
+    `answered` by what follows. The API answers them only when the paused turn is sent back
+    as the last message; followed by anything else, an open server_tool_use is refused (a
+    v0.3.0 conversation broken that way is repaired here, when it is read). A message left
+    empty goes."""
     if not messages or messages[-1]["role"] != "assistant":
         return
     content = messages[-1]["content"]
     if not isinstance(content, list):
         return
-    answered = {b.get("tool_use_id") for b in content if isinstance(b, dict)}
+    answered = _answered(content) | set(answered)
     kept = [
         b
         for b in content
