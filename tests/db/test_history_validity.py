@@ -148,6 +148,27 @@ def test_breakpoints__no_room_left_by_the_host_no_marker_of_the_apps(api, client
     assert markers(api.bodies[0]) == ["1h"] * 4
 
 
+def test_breakpoints__check_warns_about_an_agent_that_leaves_the_app_no_room(agent):
+    from django_agentrun.checks import check_agents
+
+    marked = [
+        {"type": "text", "text": f"Rule {i}.", "cache_control": {"type": "ephemeral"}}
+        for i in range(3)
+    ]
+    agent("roomy", system=marked[:2], tools=[lookup])
+    agent(
+        "full",
+        system=marked,
+        tools=[lookup],
+        server_tools=[
+            {**server_tool("web_search_20250305"), "cache_control": {"type": "ephemeral"}}
+        ],
+    )
+    found = [m for m in check_agents() if m.id == "agentrun.W040"]
+    assert [m.obj for m in found] == ["full"]
+    assert "at most 4 breakpoints" in found[0].msg and found[0].hint
+
+
 # --------------------------------------------------------------------------- thinking
 
 
