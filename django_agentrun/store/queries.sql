@@ -55,7 +55,7 @@ SELECT * FROM "agentrun_toolcall" WHERE "run_id" = %(run_id)s ORDER BY "turn_ind
 -- A conversation's runs before %(position)s that its history holds (not rolled back), in
 -- order: what each contributes is its input, its context and its turns (below). The
 -- claim of a follow-up reads them once per task; nothing is copied into the follow-up.
-SELECT "id", "conversation_position", "input", "context", "state"
+SELECT "id", "conversation_position", "input", "context", "state", "last_seq"
 FROM "agentrun_run"
 WHERE "conversation_id" = %(conversation_id)s AND "conversation_position" < %(position)s
   AND NOT "rolled_back"

@@ -352,3 +352,32 @@ def test_fork_points__after_an_answer_cut_off_at_max_tokens(api, client, agent):
     assert fork.state == "completed", refusals(api)
     with pytest.raises(Exception, match=r"fork from turn 0 to 1\."):
         fork_run(run, at_turn=5)
+
+
+# --------------------------------------------------------------------------- a repair meanwhile
+
+
+def test_follow_up__sees_a_result_replaced_in_an_earlier_run_at_its_next_turn(api, client):
+    """Issue #25: the task of a follow-up read the earlier runs once; a repair made while it
+    runs (replace_tool_result) reaches its next request, not 50 turns or 30 s later."""
+    from tests.testapp.agents import DURING
+
+    api.script = by_message(
+        {
+            "One.": [Reply([tool_use("delete_account", {"user": "u"})])],
+            "Two.": [Reply([tool_use("during", {"name": "repair"})]), text("Done.")],
+        }
+    )
+    conversation = start_conversation("chat")
+    first = send_message(conversation, "One.")
+    drive(first, client)
+    cancel_run(first, reason="not now")
+    call = ToolCall.objects.get(run=first)
+    DURING["repair"] = lambda: replace_tool_result(call, by=None, result="repaired meanwhile")
+    try:
+        second = send_message(conversation, "Two.")
+        drive(second, client)
+    finally:
+        DURING.pop("repair", None)
+    assert second.state == "completed", refusals(api)
+    assert "repaired meanwhile" in str(api.bodies[-1]["messages"][2])
