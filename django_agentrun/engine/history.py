@@ -76,7 +76,7 @@ def build_messages(
     *,
     context: str = "",
     earlier: Iterable[Segment] = (),
-    origins: dict[int, TurnRecord] | None = None,
+    origins: dict[int, tuple[dict[str, Any], TurnRecord]] | None = None,
 ) -> list[dict[str, Any]]:
     """What each earlier run of the conversation contributes, then this run's: the user
     input (and context), then per recorded turn the assistant message and, if it asked
@@ -89,7 +89,7 @@ def build_messages(
     An earlier run that ended right after a turn paused with `pause_turn` (cancelled,
     interrupted, timed out, at its final turn) left a server_tool_use unanswered: it is
     left out (`close_paused`), so the next user message is valid; `origins`, if given,
-    maps each assistant message (by id) to its TurnRecord."""
+    maps each assistant message's id to it and its TurnRecord."""
     messages: list[dict[str, Any]] = []
     for segment in earlier:
         _add(messages, without_breakpoints(segment.input), segment.context, segment.turns, origins)
@@ -103,7 +103,7 @@ def _add(
     input: Any,
     context: str,
     turns: Iterable[TurnRecord],
-    origins: dict[int, TurnRecord] | None = None,
+    origins: dict[int, tuple[dict[str, Any], TurnRecord]] | None = None,
 ) -> None:
     add_user(messages, user_message(input, context))
     cut_off = False
@@ -119,7 +119,7 @@ def _add(
         message = {"role": "assistant", "content": turn.content}
         messages.append(message)
         if origins is not None:
-            origins[id(message)] = turn
+            origins[id(message)] = (message, turn)
         if turn.results:
             messages.append({"role": "user", "content": list(turn.results)})
         cut_off = turn.cut_off
@@ -150,7 +150,7 @@ def close_paused(messages: list[dict[str, Any]], answered: set[Any] = frozenset(
     if len(kept) == len(content):
         return
     if kept:
-        messages[-1] = {**messages[-1], "content": kept}
+        messages[-1]["content"] = kept  # the same message (built here): its origin holds
     else:
         messages.pop()
 
@@ -195,7 +195,7 @@ def has_thinking(content: Any) -> bool:
 
 def keep_valid_thinking(
     messages: list[dict[str, Any]],
-    origins: dict[int, TurnRecord],
+    origins: dict[int, tuple[dict[str, Any], TurnRecord]],
     *,
     model: str,
     system: Any,
@@ -220,9 +220,10 @@ def keep_valid_thinking(
     changed = False
     out = []
     for message in messages:
-        record = origins.get(id(message)) if message["role"] == "assistant" else None
-        if record is not None and has_thinking(message["content"]):
-            if record.prefix:
+        origin = origins.get(id(message))
+        record = origin[1] if origin is not None and origin[0] is message else None
+        if message["role"] == "assistant" and has_thinking(message["content"]):
+            if record is not None and record.prefix:
                 changed = changed or digest.hexdigest() != record.prefix
             if changed:
                 kept = [b for b in message["content"] if b.get("type") not in THINKING_BLOCKS]

@@ -72,7 +72,7 @@ def request(step: Step, turn: Turn) -> ModelRequest:
         system = [{"type": "text", "text": system}]
     run = step.run
     records = _records(step)
-    origins: dict[int, TurnRecord] = {}
+    origins: dict[int, tuple[dict[str, Any], TurnRecord]] = {}
     messages = build_messages(
         run.input, records, context=run.context, earlier=step.earlier, origins=origins
     )
