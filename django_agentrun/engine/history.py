@@ -212,8 +212,9 @@ def keep_valid_thinking(
     assistant message are hashed again, and where they differ its thinking blocks are left
     out, in the open tool-use loop too: the request is then what the API itself sends on
     with `prefix_mismatch_behavior: "drop_block"` (the blocks dropped, the request answered).
-    A turn recorded before the hash was kept (empty `prefix`) is trusted until the first
-    block left out."""
+    Every later block differs with it, except one written after the change (its own prefix
+    already without it). A turn recorded before the hash was kept (empty `prefix`) is
+    trusted until the first block left out."""
     if not any(has_thinking(m["content"]) for m in messages if m["role"] == "assistant"):
         return messages
     digest = _prefix_digest(model, system, tools)
@@ -224,8 +225,12 @@ def keep_valid_thinking(
         record = origin[1] if origin is not None and origin[0] is message else None
         if message["role"] == "assistant" and has_thinking(message["content"]):
             if record is not None and record.prefix:
-                changed = changed or digest.hexdigest() != record.prefix
-            if changed:
+                # Written after what precedes it now (even after a block left out): valid.
+                drop = digest.hexdigest() != record.prefix
+            else:
+                drop = changed
+            changed = changed or drop
+            if drop:
                 kept = [b for b in message["content"] if b.get("type") not in THINKING_BLOCKS]
                 message = {**message, "content": kept or [{"type": "text", "text": "..."}]}
         out.append(message)

@@ -202,6 +202,32 @@ def test_thinking__after_replace_tool_result_left_out_from_the_changed_result_on
     assert kinds(sent[3]) == ["tool_use"]
 
 
+def test_thinking__a_block_written_after_one_left_out_goes_back(api, client, agent):
+    """The first run's block is left out once the conversation moves to another model. The
+    second run's was written after that (on the new model), so it holds, and goes back in
+    the third run's requests."""
+    agent("talker", tools=[lookup])
+    api.script = by_message(
+        {
+            "One.": [Reply([thought("First."), text("A.")])],
+            "Two.": [Reply([thought("Second."), text("B.")])],
+            "Three.": [Reply([thought("Third."), text("C.")])],
+        }
+    )
+    conversation = start_conversation("talker")
+    drive(send_message(conversation, "One."), client)
+    for message in ("Two.", "Three."):
+        run = send_message(conversation, message)
+        Run.objects.filter(pk=run.pk).update(config={**run.config, "model": "claude-haiku-4-5"})
+        drive(run, client)
+    assert refusals(api) == []
+    sent = api.bodies[-1]["messages"]
+    assert [kinds(m) for m in sent if m["role"] == "assistant"] == [
+        ["text"],
+        ["thinking", "text"],
+    ]
+
+
 def test_thinking__a_fork_sends_the_blocks_it_copied_unchanged(api, client, agent):
     agent("thinker", tools=[lookup, delete_account])
     api.script = by_step(TWO_LOOKUPS)
