@@ -1,7 +1,7 @@
 """A property of the whole app: whatever happens to a conversation's history (answers with
 thinking, tools that wait for approval, turns paused by a server tool, final turns, cancels,
 rejections, replaced tool results, resumes, forks, interrupting and rolling-back
-messages), every request it sends is one the Messages API stand-in accepts. Hypothesis
+messages, follow-ups on another model or system prompt), every request it sends is one the Messages API stand-in accepts. Hypothesis
 generates the histories; the stand-in validates each request through the real SDK."""
 
 from __future__ import annotations
@@ -45,6 +45,8 @@ STOPPED = ("failed", "cancelled", "timed_out")
 ANSWERS = ("lookup", "approval", "pause", "end")
 OPS = (
     "message",
+    "other_model",
+    "other_system",
     "interrupt",
     "rollback",
     "cancel",
@@ -123,7 +125,12 @@ def test_every_request_of_any_history_is_accepted(api, client, wanderer, answers
         runs = list(Run.objects.filter(conversation=conversation).order_by("conversation_position"))
         latest = runs[-1]
         try:
-            if op in ("message", "interrupt", "rollback"):
+            if op in ("other_model", "other_system"):
+                # A follow-up whose snapshot differs (the model, the system prompt).
+                run = send_message(conversation, f"Message {n}.")
+                change = {"model": "claude-opus-5-5"} if op == "other_model" else {"system": "New."}
+                Run.objects.filter(pk=run.pk).update(config={**run.config, **change})
+            elif op in ("message", "interrupt", "rollback"):
                 policy = None if op == "message" else op
                 send_message(conversation, f"Message {n}.", policy=policy)
             elif op == "cancel":
