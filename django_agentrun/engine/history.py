@@ -159,8 +159,11 @@ THINKING_BLOCKS = ("thinking", "redacted_thinking")
 
 
 def _canonical(value: Any) -> bytes:
-    value = _without_markers(value)
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    if '"cache_control"' in text:  # rare (a run's input, a tool result): copied without
+        value = _without_markers(value)
+        text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return text.encode()
 
 
 def _without_markers(value: Any) -> Any:
