@@ -110,6 +110,11 @@ def new_turn(step: Step) -> Commit | Turn:
     """The next turn (in memory: it is written with its answer), or the commit that ends the
     run first: the turn limit reached, or the budget that the turn would breach."""
     run, config = step.run, step.config
+    if run.conversation_position and step.turns_done:
+        # A person may have repaired an earlier run meanwhile (replace_tool_result): the
+        # next request sends the history as it is now, not as this task first read it.
+        if store.earlier_version(run) != step.earlier_version:
+            step.load_earlier(store.earlier_history(run))
     answered = sum(1 for t in step.turns if t.content is not None)
     max_turns = config.get("max_turns") or agentrun_settings.DEFAULT_MAX_TURNS
     if answered >= max_turns:

@@ -7,6 +7,8 @@ what its earlier runs contribute (`Segment`s, read from their rows at the claim)
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +26,7 @@ class TurnRecord:
     content: list[dict[str, Any]] | None
     results: list[dict[str, Any]] = field(default_factory=list)
     stop_reason: str = ""
+    prefix: str = ""  # what the answer was written after (prefix_hash), if it has thinking
 
     @property
     def cut_off(self) -> bool:
@@ -37,6 +40,16 @@ class TurnRecord:
 CONTINUE_NOTICE = (
     "Your previous answer was cut off by the output token limit. Continue exactly where it "
     "stopped, without repeating anything."
+)
+
+
+# After a final answer that could not be used (a run resumed after
+# invalid_structured_output): a user message, since current models refuse a request that
+# ends with an assistant message (a prefill; "Prefill removal",
+# https://platform.claude.com/docs/en/about-claude/models/whats-new-claude-4-6).
+RESUME_NOTICE = (
+    "Your previous answer could not be used as the final answer: it did not follow the "
+    "required output format. Answer again, following it exactly."
 )
 
 
@@ -58,7 +71,12 @@ def user_message(input: Any, context: str = "") -> dict[str, Any]:
 
 
 def build_messages(
-    input: Any, turns: Iterable[TurnRecord], *, context: str = "", earlier: Iterable[Segment] = ()
+    input: Any,
+    turns: Iterable[TurnRecord],
+    *,
+    context: str = "",
+    earlier: Iterable[Segment] = (),
+    origins: dict[int, tuple[dict[str, Any], TurnRecord]] | None = None,
 ) -> list[dict[str, Any]]:
     """What each earlier run of the conversation contributes, then this run's: the user
     input (and context), then per recorded turn the assistant message and, if it asked
@@ -66,15 +84,27 @@ def build_messages(
 
     Consecutive user messages become one, in order: a run's last tool results (or the
     input of a run that ended before its first answer), then the next run's input. So the
-    results of a tool_use always come first in the next user message."""
+    results of a tool_use always come first in the next user message.
+
+    An earlier run that ended right after a turn paused with `pause_turn` (cancelled,
+    interrupted, timed out, at its final turn) left a server_tool_use unanswered: it is
+    left out (`close_paused`), so the next user message is valid; `origins`, if given,
+    maps each assistant message's id to it and its TurnRecord."""
     messages: list[dict[str, Any]] = []
     for segment in earlier:
-        _add(messages, without_breakpoints(segment.input), segment.context, segment.turns)
-    _add(messages, input, context, turns)
+        _add(messages, without_breakpoints(segment.input), segment.context, segment.turns, origins)
+        close_paused(messages)
+    _add(messages, input, context, turns, origins)
     return messages
 
 
-def _add(messages: list[dict[str, Any]], input: Any, context: str, turns: Iterable[TurnRecord]):
+def _add(
+    messages: list[dict[str, Any]],
+    input: Any,
+    context: str,
+    turns: Iterable[TurnRecord],
+    origins: dict[int, tuple[dict[str, Any], TurnRecord]] | None = None,
+) -> None:
     add_user(messages, user_message(input, context))
     cut_off = False
     for turn in sorted(turns, key=lambda t: t.index):
@@ -82,10 +112,133 @@ def _add(messages: list[dict[str, Any]], input: Any, context: str, turns: Iterab
             continue  # no response recorded (cancelled or failed before it)
         if cut_off:
             add_user(messages, user_message(CONTINUE_NOTICE))
-        messages.append({"role": "assistant", "content": turn.content})
+        else:
+            # A paused turn is continued by an answer holding its results: not one sent
+            # after the final-turn notice (a user message then, not kept in the history).
+            close_paused(messages, answered=_answered(turn.content))
+        message = {"role": "assistant", "content": turn.content}
+        messages.append(message)
+        if origins is not None:
+            origins[id(message)] = (message, turn)
         if turn.results:
             messages.append({"role": "user", "content": list(turn.results)})
         cut_off = turn.cut_off
+
+
+def _answered(content: Any) -> set[Any]:
+    return {b.get("tool_use_id") for b in content if isinstance(b, dict)}
+
+
+def close_paused(messages: list[dict[str, Any]], answered: set[Any] = frozenset()) -> None:  # type: ignore[assignment]
+    """Before a user message follows: the last assistant message without the server_tool_use
+    blocks it left unanswered (a turn paused with `pause_turn`, never continued), but those
+    `answered` by what follows. The API answers them only when the paused turn is sent back
+    as the last message; followed by anything else, an open server_tool_use is refused (a
+    v0.3.0 conversation broken that way is repaired here, when it is read). A message left
+    empty goes."""
+    if not messages or messages[-1]["role"] != "assistant":
+        return
+    content = messages[-1]["content"]
+    if not isinstance(content, list):
+        return
+    answered = _answered(content) | set(answered)
+    kept = [
+        b
+        for b in content
+        if not (b.get("type") == "server_tool_use" and b.get("id") not in answered)
+    ]
+    if len(kept) == len(content):
+        return
+    if kept:
+        messages[-1]["content"] = kept  # the same message (built here): its origin holds
+    else:
+        messages.pop()
+
+
+THINKING_BLOCKS = ("thinking", "redacted_thinking")
+
+
+def _canonical(value: Any) -> bytes:
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    if '"cache_control"' in text:  # rare (a run's input, a tool result): copied without
+        value = _without_markers(value)
+        text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return text.encode()
+
+
+def _without_markers(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_markers(v) for k, v in value.items() if k != "cache_control"}
+    if isinstance(value, list):
+        return [_without_markers(v) for v in value]
+    return value
+
+
+def _prefix_digest(model: str, system: Any, tools: Any) -> Any:
+    digest = hashlib.sha256(_canonical({"model": model, "system": system, "tools": tools}))
+    digest.update(b"\0")
+    return digest
+
+
+def prefix_hash(model: str, system: Any, tools: Any, messages: Sequence[dict[str, Any]]) -> str:
+    """What a request's answer is written after, as one value: the model, the system prompt,
+    the tools and the messages (cache_control markers aside). A thinking block in the answer
+    stays valid while the messages before it hash to the same."""
+    digest = _prefix_digest(model, system, tools)
+    for message in messages:
+        digest.update(_canonical(message) + b"\0")
+    return digest.hexdigest()
+
+
+def has_thinking(content: Any) -> bool:
+    return isinstance(content, list) and any(
+        isinstance(b, dict) and b.get("type") in THINKING_BLOCKS for b in content
+    )
+
+
+def keep_valid_thinking(
+    messages: list[dict[str, Any]],
+    origins: dict[int, tuple[dict[str, Any], TurnRecord]],
+    *,
+    model: str,
+    system: Any,
+    tools: Any,
+) -> list[dict[str, Any]]:
+    """`messages` with every thinking block the API would refuse left out.
+
+    A thinking block is valid only after exactly what preceded it when the model wrote it
+    (system, tools, every earlier message) and on that model; once one is not, every later
+    one is not either (https://platform.claude.com/docs/en/build-with-claude/preserved-thinking).
+    History changes after the fact: a replaced tool result, a fork of another config, a
+    rolled-back run, a follow-up on another model, a paused turn closed. Each turn keeps the
+    hash of what it was written after (`prefix_hash`); here the messages before each
+    assistant message are hashed again, and where they differ its thinking blocks are left
+    out, in the open tool-use loop too: the request is then what the API itself sends on
+    with `prefix_mismatch_behavior: "drop_block"` (the blocks dropped, the request answered).
+    Every later block differs with it, except one written after the change (its own prefix
+    already without it). A turn recorded before the hash was kept (empty `prefix`) is
+    trusted until the first block left out."""
+    if not any(has_thinking(m["content"]) for m in messages if m["role"] == "assistant"):
+        return messages
+    digest = _prefix_digest(model, system, tools)
+    changed = False
+    out = []
+    for message in messages:
+        origin = origins.get(id(message))
+        record = origin[1] if origin is not None and origin[0] is message else None
+        if message["role"] == "assistant" and has_thinking(message["content"]):
+            if record is not None and record.prefix:
+                # Written after what precedes it now (even after a block left out): valid.
+                drop = digest.hexdigest() != record.prefix
+            else:
+                drop = changed
+            changed = changed or drop
+            if drop:
+                kept = [b for b in message["content"] if b.get("type") not in THINKING_BLOCKS]
+                message = {**message, "content": kept or [{"type": "text", "text": "..."}]}
+        out.append(message)
+        digest.update(_canonical(message) + b"\0")
+    return out
 
 
 def add_user(messages: list[dict[str, Any]], message: dict[str, Any]) -> None:

@@ -22,10 +22,15 @@ from ..states import ToolCallState, TurnState
 from . import endings, guards
 from .history import (
     CONTINUE_NOTICE,
+    RESUME_NOTICE,
     TurnRecord,
     add_user,
     build_messages,
+    close_paused,
+    has_thinking,
+    keep_valid_thinking,
     model_failure,
+    prefix_hash,
     sanitize_content,
     user_message,
 )
@@ -38,9 +43,8 @@ logger = logging.getLogger(__name__)
 def ask(step: Step, turn: Turn) -> Commit:
     """Ask the model for this turn's answer; the commit that records it."""
     try:
-        response, retries = call_model(
-            step, request(step, turn), deltas=streams.turn_stream(step.run, turn.index)
-        )
+        req = request(step, turn)
+        response, retries = call_model(step, req, deltas=streams.turn_stream(step.run, turn.index))
     except StreamAborted:
         return endings.interruption(step)
     except ModelError as exc:
@@ -55,6 +59,9 @@ def ask(step: Step, turn: Turn) -> Commit:
         message = f"The request to the model could not be built or sent: {endings.describe(exc)}"
         return endings.fail(step, step.write(), "model_request_failed", message[:2000], "model")
     failpoint("model.before_commit")
+    if has_thinking(response.content):
+        # What its thinking blocks are bound to, to know later whether they still hold.
+        turn.prefix = prefix_hash(req.model, req.system, req.tools, req.messages)
     return record(step, turn, response, retries)
 
 
@@ -65,24 +72,36 @@ def request(step: Step, turn: Turn) -> ModelRequest:
         system = [{"type": "text", "text": system}]
     run = step.run
     records = _records(step)
-    messages = build_messages(run.input, records, context=run.context, earlier=step.earlier)
+    origins: dict[int, tuple[dict[str, Any], TurnRecord]] = {}
+    messages = build_messages(
+        run.input, records, context=run.context, earlier=step.earlier, origins=origins
+    )
     options = dict(config.get("options") or {})
     tool_choice = options.pop("tool_choice", None)
     if records and records[-1].cut_off:
         add_user(messages, user_message(CONTINUE_NOTICE))  # continue_on_max_tokens
+    elif messages[-1]["role"] == "assistant" and not _continued(records):
+        # A final answer sent back (a resume after invalid_structured_output): current
+        # models refuse a request that ends with it (a prefill), so a user message asks again.
+        add_user(messages, user_message(RESUME_NOTICE))
     if turn.is_final:
         # In the last user message, never in the system prompt: the system prompt (and the
         # tools) must be what they were when any thinking block of the history was made.
+        close_paused(messages)  # a paused turn is not continued: the notice follows it
         add_user(messages, user_message(guards.FINAL_TURN_NOTICE))
         tool_choice = {"type": "none"} if config.get("tools") else None
     if not config.get("tools"):
         tool_choice = None  # the API refuses a tool_choice without tools
+    tools = list(config.get("tools") or [])
+    messages = keep_valid_thinking(
+        messages, origins, model=config["model"], system=system, tools=tools
+    )
     return ModelRequest(
         model=config["model"],
         messages=messages,
         max_tokens=config.get("max_tokens") or agentrun_settings.DEFAULT_MAX_TOKENS,
         system=system,
-        tools=list(config.get("tools") or []),
+        tools=tools,
         tool_choice=tool_choice,
         cache_prefix=bool(config.get("prompt_caching", True)),
         cache_ttl=config.get("cache_ttl") or "5m",
@@ -91,6 +110,13 @@ def request(step: Step, turn: Turn) -> ModelRequest:
         metadata=dict(config.get("metadata") or {}),
         options=options,
     )
+
+
+def _continued(records: list[TurnRecord]) -> bool:
+    """The last answer is one the API goes on from when it is sent back last: a turn it
+    paused (server tools) or stopped after compacting."""
+    answered = [r for r in records if r.content]
+    return bool(answered) and answered[-1].stop_reason in ("pause_turn", "compaction")
 
 
 def _records(step: Step) -> list[TurnRecord]:
@@ -105,6 +131,7 @@ def _records(step: Step) -> list[TurnRecord]:
                 content=t.content,
                 results=[c.tool_result_block() for c in step.calls_of(t) if c.is_closed],
                 stop_reason=t.stop_reason,
+                prefix=t.prefix,
             )
             if t.state == TurnState.COMPLETED:
                 step.records[t.index] = record
@@ -185,6 +212,8 @@ def record(step: Step, turn: Turn, response: ModelResponse, retries: int) -> Com
         usage_details={k: v for k, v in billed.items() if k not in usage},
         **usage,
     )
+    if turn.prefix:
+        answer["prefix"] = turn.prefix
     # Usage is counted here, once per recorded response.
     write.count(**usage, cost_usd=cost, turn_count=1)
     ids = [b.get("id") for b in blocks]

@@ -108,6 +108,7 @@ class Step:
         self.records: dict[int, Any] = {}  # closed turns as the request shows them (model_turn)
         self.earlier: list[Segment] = []  # what the conversation's earlier runs contribute
         self.earlier_ids: set[str] = set()  # their tool_use ids (unique in a history)
+        self.earlier_version: list[tuple[Any, int]] = []  # their ids and last seqs, as read
         self.began = time.monotonic()
 
     # -- reading -------------------------------------------------------------------------
@@ -144,10 +145,11 @@ class Step:
                 if c.is_closed
             ]
             turns.setdefault(turn.run_id, []).append(
-                TurnRecord(turn.index, turn.content, results, turn.stop_reason)
+                TurnRecord(turn.index, turn.content, results, turn.stop_reason, turn.prefix)
             )
         self.earlier = [Segment(r.input, r.context, turns.get(r.pk, [])) for r in earlier.runs]
         self.earlier_ids = {c.tool_call_id for c in earlier.calls}
+        self.earlier_version = [(r.pk, r.last_seq) for r in earlier.runs]
 
     def calls_of(self, turn: Turn) -> list[ToolCall]:
         return self._calls.get(turn.index, [])

@@ -53,6 +53,12 @@ class Turn(FSMModelMixin, UsageCounts):
         blank=True,
         help_text="The usage's nested parts as returned: server_tool_use, cache_creation.",
     )
+    prefix = models.CharField(
+        max_length=64,
+        blank=True,
+        help_text="SHA-256 of the model, system, tools and messages this answer was written "
+        "after (kept where it has thinking blocks: engine/history.py keep_valid_thinking).",
+    )
     started_at = models.DateTimeField(default=timezone.now)
     finished_at = models.DateTimeField(null=True, blank=True)
 

@@ -90,9 +90,14 @@ def _open(turn: Turn, calls: list[ToolCall]) -> str:
     return ""
 
 
+# Answers without tools that the next turn goes on from: a turn the API paused (server
+# tools), a compaction, an answer cut off at max_tokens (continued after a user message).
+_GOES_ON = ("pause_turn", "compaction", "max_tokens")
+
+
 def _ended(turn: Turn, calls: list[ToolCall]) -> str:
     """Why the model cannot be asked again right after `turn`: it answered for good."""
-    if turn.content and not calls and turn.stop_reason != "pause_turn":
+    if turn.content and not calls and turn.stop_reason not in _GOES_ON:
         return (
             f"turn {turn.index} answered without asking for a tool (stop_reason "
             f"{turn.stop_reason or 'none'}): the conversation ended there"
@@ -118,7 +123,7 @@ def fork_run(run: Run | Any, *, at_turn: int, by: Any = None) -> Run:
         original = store.lock_run(getattr(run, "pk", run))
         points = fork_points(original)
         if at_turn >= len(points):
-            raise InvalidInput(f"Run {original.pk} has no turn {at_turn}: {_offer(points)}")
+            raise InvalidInput(f"Run {original.pk} has no turn {at_turn}: {_offer(points)}.")
         point = points[at_turn]
         if not point.allowed:
             raise ForkRefused(
@@ -139,13 +144,18 @@ def fork_run(run: Run | Any, *, at_turn: int, by: Any = None) -> Run:
 
 
 def _offer(points: list[ForkPoint]) -> str:
-    """The turns a fork may start at, as an error names them (only those it accepts)."""
-    allowed = [p.turn for p in points if p.allowed]
-    if not allowed:
-        return "it cannot be forked at any turn."
-    if allowed == list(range(allowed[0], allowed[-1] + 1)) and len(allowed) > 1:
-        return f"fork from a turn between {allowed[0]} and {allowed[-1]}."
-    return "fork from turn " + ", ".join(str(t) for t in allowed) + "."
+    """The turns a fork may start at, as ranges ("fork from turn 0, 2 to 4")."""
+    spans: list[list[int]] = []
+    for point in points:
+        if point.allowed:
+            if spans and spans[-1][1] == point.turn - 1:
+                spans[-1][1] = point.turn
+            else:
+                spans.append([point.turn, point.turn])
+    if not spans:
+        return "it cannot be forked at any turn"
+    text = ", ".join(str(a) if a == b else f"{a} to {b}" for a, b in spans)
+    return f"fork from turn {text}"
 
 
 def _copy(original: Run, at_turn: int, by: Any) -> Run:
@@ -218,6 +228,7 @@ def _turn_copy(fork: Run, turn: Turn) -> Turn:
         stop_reason=turn.stop_reason,
         model_attempts=turn.model_attempts,
         usage_details=turn.usage_details,
+        prefix=turn.prefix,
         started_at=turn.started_at,
         finished_at=turn.finished_at,
         **turn.usage(),

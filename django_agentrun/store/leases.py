@@ -160,7 +160,8 @@ def _orm_rows(queryset: Any, only: tuple[str, ...] | None = None) -> Result:
 @dataclass
 class Earlier:
     """The runs of a conversation before a follow-up that its history holds (in order, not
-    rolled back; only `id`, `conversation_position`, `input`, `context` and `state` read),
+    rolled back; only `id`, `conversation_position`, `input`, `context`, `state` and
+    `last_seq` read),
     with their turns and tool calls (in order)."""
 
     runs: list[Run]
@@ -201,7 +202,22 @@ def earlier_history(run: Run) -> Earlier:
     )
 
 
-EARLIER_RUN_FIELDS = ("id", "conversation_position", "input", "context", "state")
+EARLIER_RUN_FIELDS = ("id", "conversation_position", "input", "context", "state", "last_seq")
+
+
+def earlier_version(run: Run) -> list[tuple[Any, int]]:
+    """Each earlier run of `run`'s conversation that its history holds, with its last
+    event's seq: a replaced tool result (or a rollback) there changes it. One indexed read,
+    made before each turn of a follow-up after its first (engine/claim.new_turn)."""
+    return list(
+        Run._base_manager.filter(
+            conversation_id=run.conversation_id,
+            conversation_position__lt=run.conversation_position,
+            rolled_back=False,
+        )
+        .order_by("conversation_position")
+        .values_list("id", "last_seq")
+    )
 
 
 def following_runs(run: Run) -> list[Any]:

@@ -55,7 +55,7 @@ SELECT * FROM "agentrun_toolcall" WHERE "run_id" = %(run_id)s ORDER BY "turn_ind
 -- A conversation's runs before %(position)s that its history holds (not rolled back), in
 -- order: what each contributes is its input, its context and its turns (below). The
 -- claim of a follow-up reads them once per task; nothing is copied into the follow-up.
-SELECT "id", "conversation_position", "input", "context", "state"
+SELECT "id", "conversation_position", "input", "context", "state", "last_seq"
 FROM "agentrun_run"
 WHERE "conversation_id" = %(conversation_id)s AND "conversation_position" < %(position)s
   AND NOT "rolled_back"
@@ -138,7 +138,7 @@ SELECT * FROM agentrun_write(
 )
 
 -- name: write_function
--- The function `write` calls (migration 0011_pooler_write_function installs it;
+-- The function `write` calls (migration 0012_pooler_write_function installs it;
 -- tests/postgres/test_write.py checks that the database has this text): the run's
 -- compare-and-set UPDATE (r), fenced by its lease, with the turn and tool-call rows the
 -- commit adds or changes and its events, as one statement.
@@ -216,6 +216,7 @@ turns_changed AS (
     "stop_reason" = CASE WHEN v.changes ? 'stop_reason' THEN p."stop_reason" ELSE t."stop_reason" END,
     "model_attempts" = CASE WHEN v.changes ? 'model_attempts' THEN p."model_attempts" ELSE t."model_attempts" END,
     "usage_details" = CASE WHEN v.changes ? 'usage_details' THEN p."usage_details" ELSE t."usage_details" END,
+    "prefix" = CASE WHEN v.changes ? 'prefix' THEN p."prefix" ELSE t."prefix" END,
     "input_tokens" = CASE WHEN v.changes ? 'input_tokens' THEN p."input_tokens" ELSE t."input_tokens" END,
     "output_tokens" = CASE WHEN v.changes ? 'output_tokens' THEN p."output_tokens" ELSE t."output_tokens" END,
     "cache_creation_input_tokens" = CASE WHEN v.changes ? 'cache_creation_input_tokens' THEN p."cache_creation_input_tokens" ELSE t."cache_creation_input_tokens" END,
@@ -232,12 +233,12 @@ turns_changed AS (
 turns_added AS (
   INSERT INTO "agentrun_turn" (
     "run_id", "index", "state", "is_final", "content", "message_id", "request_id", "model",
-    "stop_reason", "model_attempts", "usage_details", "input_tokens", "output_tokens",
+    "stop_reason", "model_attempts", "usage_details", "prefix", "input_tokens", "output_tokens",
     "cache_creation_input_tokens", "cache_read_input_tokens", "started_at", "finished_at"
   )
   SELECT p."run_id", p."index", p."state", p."is_final", p."content", p."message_id",
          p."request_id", p."model", p."stop_reason", p."model_attempts",
-         COALESCE(p."usage_details", '{}'::jsonb), p."input_tokens",
+         COALESCE(p."usage_details", '{}'::jsonb), COALESCE(p."prefix", ''), p."input_tokens",
          p."output_tokens", p."cache_creation_input_tokens", p."cache_read_input_tokens",
          p."started_at", p."finished_at"
   FROM jsonb_array_elements(p_turns_added) AS v(row),

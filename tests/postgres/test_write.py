@@ -218,7 +218,7 @@ def test_write__leaves_nothing_on_the_connection(leased):
 
 def test_write__the_database_has_the_function_of_queries_sql():
     """queries.sql's `write_function` is what the migrations installed: a change to it needs a
-    migration of its own (0011_pooler_write_function holds a frozen copy)."""
+    migration of its own (0012_pooler_write_function holds a frozen copy)."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_get_functiondef('agentrun_write'::regproc)")
         installed = cursor.fetchone()[0]
@@ -358,7 +358,7 @@ def _body_with_placeholders() -> tuple[str, list[str]]:
 
 
 def test_write__function_migration_is_reversible():
-    """0011_pooler_write_function drops the function when unapplied and installs it again."""
+    """0012_pooler_write_function drops the function when unapplied and installs it again."""
     from django.db.migrations.executor import MigrationExecutor
 
     def installed() -> bool:

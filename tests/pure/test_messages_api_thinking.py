@@ -1,6 +1,7 @@
 """The stand-in's prefix rule for thinking blocks: it signs the thinking blocks it answers
 with, and refuses a later request whose thinking blocks were changed, or whose system
-prompt or tools differ from those they were made under, with the API's 400."""
+prompt, tools, model or earlier messages differ from those they were made after, with the
+API's 400."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from django_agentrun.testing.messages_api import (
     tool_use,
     validate_request,
 )
-from django_agentrun.testing.messages_api.thinking import seal, sign, signature
+from django_agentrun.testing.messages_api.thinking import BOUND, seal, sign, signature
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -89,13 +90,13 @@ def test_thinking__under_another_system_prompt_or_tools_is_refused(change, where
     if change.get("tools") == []:
         body.pop("tools")
         body["messages"] = history(ANSWER)[:2]  # no tool blocks without tools
-    assert refusal(body) == f"messages.1.content.0: Invalid `{where}` in `thinking` block"
+    assert refusal(body) == f"messages.1.content.0: Invalid `{where}` in `thinking` block. {BOUND}"
 
 
 def test_thinking__a_changed_block_is_refused():
     changed = [{**ANSWER[0], "thinking": "I should not search."}, *ANSWER[1:]]
     assert refusal(request(history(changed))) == (
-        "messages.1.content.0: Invalid `signature` in `thinking` block"
+        f"messages.1.content.0: Invalid `signature` in `thinking` block. {BOUND}"
     )
     unsigned = [{"type": "thinking", "thinking": "x"}, *ANSWER[1:]]
     assert refusal(request(history(unsigned))) == (
@@ -103,7 +104,7 @@ def test_thinking__a_changed_block_is_refused():
     )
     redacted = [ANSWER[0], {"type": "redacted_thinking", "data": "b3BhcXVl"}, ANSWER[2]]
     assert refusal(request(history(redacted))) == (
-        "messages.1.content.1: Invalid `data` in `redacted_thinking` block"
+        f"messages.1.content.1: Invalid `data` in `redacted_thinking` block. {BOUND}"
     )
     resealed = [ANSWER[0], {"type": "redacted_thinking", "data": seal(FIRST, "other")}, ANSWER[2]]
     validate_request(request(history(resealed)))  # sealed under this prefix: accepted
@@ -151,6 +152,42 @@ def test_sdk__a_streamed_thinking_block_goes_back_and_a_changed_prompt_gets_the_
     assert body["type"] == "error" and body["request_id"].startswith("req_")
     assert body["error"] == {
         "type": "invalid_request_error",
-        "message": "messages.1.content.0: Invalid `signature` in `thinking` block",
+        "message": f"messages.1.content.0: Invalid `signature` in `thinking` block. {BOUND}",
     }
     assert [r["status"] for r in api.requests] == [200, 200, 400]
+
+
+# ------------------------------------------------ bound to the model and the earlier messages
+
+
+def test_thinking__after_a_changed_earlier_message_is_refused():
+    """A changed tool result before the block (replace_tool_result), an earlier message
+    left out (a rollback) or a new one put before it: the block no longer holds."""
+    later_ask = request(history(ANSWER))
+    later = sign(later_ask, [{"type": "thinking", "thinking": "Three hits."}, text("Three.")])
+    body = request([*history(ANSWER), {"role": "assistant", "content": later}])
+    body["messages"].append({"role": "user", "content": "More?"})
+    assert validate_request(body) is None
+    edited = [dict(m) for m in body["messages"]]
+    edited[2] = {
+        "role": "user",
+        "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "0 hits"}],
+    }
+    assert refusal(request(edited)) == (
+        f"messages.3.content.0: Invalid `signature` in `thinking` block. {BOUND}"
+    )
+    earlier = [{"role": "user", "content": "Hello."}, {"role": "assistant", "content": "Hi."}]
+    assert refusal(request([*earlier, *body["messages"]])).startswith(
+        "messages.3.content.0: Invalid `signature`"
+    )
+    # Left out from the changed point on, the request is valid again.
+    without = [*edited[:3], {"role": "assistant", "content": later[1:]}, edited[4]]
+    assert validate_request(request(without)) is None
+
+
+def test_thinking__on_another_model_is_refused():
+    """The API drops a block the model cannot read; the stand-in refuses it, so a test
+    shows the app never sends one."""
+    assert refusal(request(history(ANSWER), model="claude-opus-4-5")) == (
+        f"messages.1.content.0: Invalid `signature` in `thinking` block. {BOUND}"
+    )

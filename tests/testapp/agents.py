@@ -145,6 +145,16 @@ Agent(
     budget=Budget(max_output_tokens=5000),
     max_tokens=2000,
 )
+# The default model (AGENTRUN_DEFAULT_MODEL, claude-sonnet-5-5) with its default options, and
+# with thinking on: the crash matrix runs on both.
+Agent(name="default-model", system="You are a test agent.", tools=ALL_TOOLS, max_turns=10)
+Agent(
+    name="default-thinking",
+    system="You are a test agent.",
+    tools=ALL_TOOLS,
+    max_turns=10,
+    thinking="adaptive",
+)
 Agent(name="two-turns", model="claude-sonnet-4-5", tools=ALL_TOOLS, max_turns=2)
 Agent(name="capped", model="claude-sonnet-4-5", tools=ALL_TOOLS, max_tool_calls_per_turn=2)
 Agent(

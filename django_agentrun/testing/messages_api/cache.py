@@ -144,3 +144,43 @@ class PromptCache:
             },
         )
         return usage
+
+
+# At most this many cache_control breakpoints, counted over tools, system, messages (tool
+# results' content included) and the top level; a longer TTL never after a shorter one
+# ("Mixing different TTLs", https://platform.claude.com/docs/en/build-with-claude/prompt-caching).
+MAX_BREAKPOINTS = 4
+
+
+def _ttls(value: Any) -> list[str]:
+    if isinstance(value, list):
+        return [ttl for item in value for ttl in _ttls(item)]
+    if not isinstance(value, dict):
+        return []
+    marker = value.get("cache_control")
+    own = [str(marker.get("ttl") or "5m")] if isinstance(marker, dict) else []
+    return own + _ttls(value.get("content"))
+
+
+def breakpoint_problem(body: dict[str, Any]) -> str | None:
+    """Why the API refuses the request's breakpoints (too many, or TTLs out of order)."""
+    system = body.get("system")
+    ttls = [
+        *_ttls(body.get("tools") or []),
+        *_ttls(system if isinstance(system, list) else []),
+        *_ttls(body.get("messages") or []),
+        *_ttls([{"cache_control": body.get("cache_control")}]),
+    ]
+    if len(ttls) > MAX_BREAKPOINTS:
+        return (
+            f"A maximum of {MAX_BREAKPOINTS} blocks with cache_control may be provided. "
+            f"Found {len(ttls)}."
+        )
+    for k in range(1, len(ttls)):
+        if ttls[k] == "1h" and "5m" in ttls[:k]:
+            # The wording is the stand-in's own: the stored documentation gives the rule only.
+            return (
+                "cache_control: a breakpoint with ttl '1h' must not come after a breakpoint "
+                "with ttl '5m' (longer TTLs must come first: tools, then system, then messages)."
+            )
+    return None

@@ -1,12 +1,21 @@
 """The prefix rule of thinking blocks, as current Claude models enforce it.
 
-A thinking block comes back in later requests exactly as the API sent it, under the same
-system prompt and tools: its `signature` (a `redacted_thinking` block's `data`) is bound
-to its text and to that prefix, and a request that changed either is refused. The stand-in
-signs every thinking block it answers with (HMAC-SHA256 over the request's system prompt
-and tools and the block's text; cache_control markers are not part of the prefix) and
-checks the blocks a request carries against the request's own system prompt and tools.
-The key is fixed, so a stand-in started again still accepts what an earlier one signed.
+A thinking block is valid only after exactly what preceded it when the model wrote it: the
+top-level `system`, `tools` and every earlier message are its prefix; if any of them
+changed, that block and every later one fail, and the request is refused with a 400
+(preserved thinking, https://platform.claude.com/docs/en/build-with-claude/preserved-thinking,
+and "The block is bound to a different conversation",
+https://platform.claude.com/docs/en/build-with-claude/preserved-thinking/fix-bound-to-a-different-conversation).
+A block is also tied to the model that wrote it ("Thinking blocks are tied to the model and
+the conversation", https://platform.claude.com/docs/en/models/sonnet-5-5/whats-new-sonnet-5-5).
+The API drops a block that the current model cannot read without an error; the stand-in
+is stricter and refuses it, so that a test shows the app never sends one.
+
+The stand-in signs every thinking block it answers with (HMAC-SHA256 over the model, the
+request's system prompt, tools and messages, and the block's text; cache_control markers
+are not part of the prefix) and checks a block in `messages[i]` against the model, system,
+tools and `messages[:i]` of the request that carries it. The key is fixed, so a stand-in
+started again still accepts what an earlier one signed.
 """
 
 from __future__ import annotations
@@ -30,25 +39,46 @@ def _without_cache_control(value: Any) -> Any:
     return value
 
 
-def prefix(body: dict[str, Any]) -> bytes:
-    """The request's system prompt and tools, canonical (a string system prompt as one
-    text block; no cache_control)."""
+BOUND = (
+    "The block is bound to a different conversation. Remove the block, or set "
+    '`thinking.block_binding.prefix_mismatch_behavior` to "drop_block".'
+)
+
+
+def prefix(body: dict[str, Any], upto: int | None = None) -> bytes:
+    """The request's model, system prompt, tools and messages before `messages[upto]` (all
+    of them when None), canonical (a string system prompt or content as one text block;
+    no cache_control)."""
     system = body.get("system") or []
     if isinstance(system, str):
         system = [{"type": "text", "text": system}]
-    value = _without_cache_control({"system": system, "tools": body.get("tools") or []})
+    messages = list(body.get("messages") or [])
+    messages = [
+        {**m, "content": [{"type": "text", "text": m["content"]}]}
+        if isinstance(m, dict) and isinstance(m.get("content"), str)
+        else m
+        for m in (messages if upto is None else messages[:upto])
+    ]
+    value = _without_cache_control(
+        {
+            "model": body.get("model"),
+            "system": system,
+            "tools": body.get("tools") or [],
+            "messages": messages,
+        }
+    )
     text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return text.encode()
 
 
-def _mac(body: dict[str, Any], text: str) -> bytes:
-    message = prefix(body) + b"\0" + text.encode("utf-8", "surrogatepass")
+def _mac(body: dict[str, Any], text: str, upto: int | None = None) -> bytes:
+    message = prefix(body, upto) + b"\0" + text.encode("utf-8", "surrogatepass")
     return hmac.new(KEY, message, hashlib.sha256).digest()
 
 
-def signature(body: dict[str, Any], thinking: str) -> str:
+def signature(body: dict[str, Any], thinking: str, upto: int | None = None) -> str:
     """The signature of a thinking block with this text, made under this request's prefix."""
-    return base64.b64encode(_MARK + _mac(body, thinking)).decode()
+    return base64.b64encode(_MARK + _mac(body, thinking, upto)).decode()
 
 
 def seal(body: dict[str, Any], data: str) -> str:
@@ -69,15 +99,15 @@ def sign(body: dict[str, Any], content: list[dict[str, Any]]) -> list[dict[str, 
     return signed
 
 
-def valid(body: dict[str, Any], block: dict[str, Any]) -> bool:
-    """Whether a thinking or redacted_thinking block of `body`'s history is unchanged and
-    was made under `body`'s system prompt and tools."""
+def valid(body: dict[str, Any], block: dict[str, Any], at: int) -> bool:
+    """Whether a thinking or redacted_thinking block of `body`'s `messages[at]` is unchanged
+    and was made by `body`'s model after `body`'s system prompt, tools and `messages[:at]`."""
     if block.get("type") == "thinking":
         given = block.get("signature")
         thinking = block.get("thinking")
         if not isinstance(given, str) or not isinstance(thinking, str):
             return False
-        return hmac.compare_digest(given, signature(body, thinking))
+        return hmac.compare_digest(given, signature(body, thinking, at))
     try:
         raw = base64.b64decode(str(block.get("data", "")), validate=True)
         if not raw.startswith(_MARK):
@@ -86,4 +116,4 @@ def valid(body: dict[str, Any], block: dict[str, Any]) -> bool:
         data, mac = sealed["data"], sealed["mac"]
     except (binascii.Error, ValueError, TypeError, KeyError):
         return False
-    return isinstance(data, str) and hmac.compare_digest(str(mac), _mac(body, data).hex())
+    return isinstance(data, str) and hmac.compare_digest(str(mac), _mac(body, data, at).hex())

@@ -7,7 +7,7 @@ import re
 from typing import Any
 from urllib.parse import urlsplit
 
-from . import options, servertools, thinking
+from . import cache, history, options, servertools, thinking
 from .script import ERROR_TYPES, text
 
 _ID_PATTERN = re.compile(r"^[a-zA-Z0-9_-]+$")
@@ -65,7 +65,6 @@ _BLOCK_TYPES = frozenset(
         "compaction",
     }
 )
-_MAX_CACHE_BREAKPOINTS = 4
 
 
 class APIRequestError(Exception):
@@ -332,11 +331,9 @@ def _validate(body: Any, betas: set[str] | None) -> None:
         parsed.append((role, blocks))
     if parsed[0][0] != "user":
         raise invalid('messages: first message must use the "user" role')
-    if breakpoints > _MAX_CACHE_BREAKPOINTS:
-        raise invalid(
-            f"A maximum of {_MAX_CACHE_BREAKPOINTS} blocks with cache_control may be provided. "
-            f"Found {breakpoints}."
-        )
+    problem = cache.breakpoint_problem(body) or history.prefill_problem(body, parsed)
+    if problem:
+        raise invalid(problem)
 
     # Server tool blocks are the request's server tools, each answered in its own message.
     servertools.check_messages(body, parsed, declared)
@@ -346,11 +343,12 @@ def _validate(body: Any, betas: set[str] | None) -> None:
     for i, (_role, blocks) in enumerate(parsed):
         for j, block in enumerate(blocks):
             if block["type"] in ("thinking", "redacted_thinking") and not thinking.valid(
-                body, block
+                body, block, i
             ):
                 field = "signature" if block["type"] == "thinking" else "data"
                 raise invalid(
-                    f"messages.{i}.content.{j}: Invalid `{field}` in `{block['type']}` block"
+                    f"messages.{i}.content.{j}: Invalid `{field}` in `{block['type']}` block. "
+                    + thinking.BOUND
                 )
 
     has_tool_blocks = any(

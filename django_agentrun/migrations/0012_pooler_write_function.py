@@ -57,6 +57,7 @@ turns_changed AS (
     "stop_reason" = CASE WHEN v.changes ? 'stop_reason' THEN p."stop_reason" ELSE t."stop_reason" END,
     "model_attempts" = CASE WHEN v.changes ? 'model_attempts' THEN p."model_attempts" ELSE t."model_attempts" END,
     "usage_details" = CASE WHEN v.changes ? 'usage_details' THEN p."usage_details" ELSE t."usage_details" END,
+    "prefix" = CASE WHEN v.changes ? 'prefix' THEN p."prefix" ELSE t."prefix" END,
     "input_tokens" = CASE WHEN v.changes ? 'input_tokens' THEN p."input_tokens" ELSE t."input_tokens" END,
     "output_tokens" = CASE WHEN v.changes ? 'output_tokens' THEN p."output_tokens" ELSE t."output_tokens" END,
     "cache_creation_input_tokens" = CASE WHEN v.changes ? 'cache_creation_input_tokens' THEN p."cache_creation_input_tokens" ELSE t."cache_creation_input_tokens" END,
@@ -73,12 +74,12 @@ turns_changed AS (
 turns_added AS (
   INSERT INTO "agentrun_turn" (
     "run_id", "index", "state", "is_final", "content", "message_id", "request_id", "model",
-    "stop_reason", "model_attempts", "usage_details", "input_tokens", "output_tokens",
+    "stop_reason", "model_attempts", "usage_details", "prefix", "input_tokens", "output_tokens",
     "cache_creation_input_tokens", "cache_read_input_tokens", "started_at", "finished_at"
   )
   SELECT p."run_id", p."index", p."state", p."is_final", p."content", p."message_id",
          p."request_id", p."model", p."stop_reason", p."model_attempts",
-         COALESCE(p."usage_details", '{}'::jsonb), p."input_tokens",
+         COALESCE(p."usage_details", '{}'::jsonb), COALESCE(p."prefix", ''), p."input_tokens",
          p."output_tokens", p."cache_creation_input_tokens", p."cache_read_input_tokens",
          p."started_at", p."finished_at"
   FROM jsonb_array_elements(p_turns_added) AS v(row),
@@ -207,7 +208,7 @@ def remove(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("agentrun", "0010_apictl_request_hash"),
+        ("agentrun", "0011_history_turn_prefix"),
     ]
 
     operations = [
