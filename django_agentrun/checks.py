@@ -13,7 +13,6 @@ from django.utils.module_loading import import_string
 
 from . import deploy_checks, model_checks
 from .access import api_rule
-from .clients import caching
 from .conf import agentrun_settings
 from .engine.heartbeat import renewal_timing
 from .exceptions import ConfigurationError
@@ -343,33 +342,8 @@ def check_agents(app_configs: Any = None, **kwargs: Any) -> list:
         return found  # the table itself is wrong: nothing below can be judged
     for agent in registered_agents().values():
         found.extend(model_checks.agent_messages(agent))
-        found.extend(_breakpoint_messages(agent))
+        found.extend(model_checks.breakpoint_messages(agent))
     return found
-
-
-def _breakpoint_messages(agent: Any) -> list:
-    """An agent whose own cache breakpoints (on its system blocks and server tools) leave
-    the app none of the API's 4 a request: never more are sent, so the app's are left out
-    and a run whose input marks a block too is refused."""
-    system = agent.system if isinstance(agent.system, list | tuple) else []
-    tools = [dict(t) for t in agent.server_tools]
-    held = caching.host_markers(tools, [dict(b) for b in system])
-    if held < caching.MAX_CACHE_BREAKPOINTS:
-        return []
-    return [
-        checks.Warning(
-            f"Agent {agent.name!r} marks {held} blocks of its system prompt and tools with "
-            f"cache_control; the Messages API takes at most {caching.MAX_CACHE_BREAKPOINTS} "
-            "breakpoints a request, so the app places none of its own (the cache no longer "
-            "follows the conversation)"
-            + (", and every request is refused." if held > caching.MAX_CACHE_BREAKPOINTS else "."),
-            hint="Keep at most 2 markers in system and tools (the app adds one on the last "
-            "tool, the last system block and the conversation's end when there is room), or "
-            "set prompt_caching=False and place them all yourself.",
-            obj=agent.name,
-            id="agentrun.W040",
-        )
-    ]
 
 
 # SQLite added UPDATE ... RETURNING, which every engine write relies on, in 3.35.

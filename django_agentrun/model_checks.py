@@ -1,5 +1,5 @@
 """System checks of the model table (catalog.py) and of each agent's model and options:
-the agentrun.E020 / W020 / E021 / W021 / E004 messages of checks.check_agents."""
+the agentrun.E020 / W020 / E021 / W021 / E004 / W040 messages of checks.check_agents."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 from django.core import checks
 
 from . import catalog
+from .clients import caching
 from .conf import agentrun_settings
 
 
@@ -86,4 +87,29 @@ def agent_messages(agent: Any) -> list[checks.CheckMessage]:
             id="agentrun.E021",
         )
         for refusal in catalog.refusals(model, params)
+    ]
+
+
+def breakpoint_messages(agent: Any) -> list:
+    """An agent whose own cache breakpoints (on its system blocks and server tools) leave
+    the app none of the API's 4 a request: never more are sent, so the app's are left out
+    and a run whose input marks a block too is refused."""
+    system = agent.system if isinstance(agent.system, list | tuple) else []
+    tools = [dict(t) for t in agent.server_tools]
+    held = caching.host_markers(tools, [dict(b) for b in system])
+    if held < caching.MAX_CACHE_BREAKPOINTS:
+        return []
+    return [
+        checks.Warning(
+            f"Agent {agent.name!r} marks {held} blocks of its system prompt and tools with "
+            f"cache_control; the Messages API takes at most {caching.MAX_CACHE_BREAKPOINTS} "
+            "breakpoints a request, so the app places none of its own (the cache no longer "
+            "follows the conversation)"
+            + (", and every request is refused." if held > caching.MAX_CACHE_BREAKPOINTS else "."),
+            hint="Keep at most 2 markers in system and tools (the app adds one on the last "
+            "tool, the last system block and the conversation's end when there is room), or "
+            "set prompt_caching=False and place them all yourself.",
+            obj=agent.name,
+            id="agentrun.W040",
+        )
     ]
