@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .sse import FORMATS
+from .stream_formats import FORMATS
 
 
 def document_streams(result: dict[str, Any], generator: Any, **kwargs: Any) -> dict[str, Any]:
