@@ -45,8 +45,8 @@ lint: install
 	$(VENV)/bin/lint-imports
 
 checks: install
-	env -u DATABASE_URL DJANGO_SETTINGS_MODULE=example_project.settings $(PYTHON) manage.py check --fail-level WARNING
-	env -u DATABASE_URL DJANGO_SETTINGS_MODULE=example_project.settings $(PYTHON) manage.py makemigrations --check --dry-run
+	env -u DATABASE_URL DJANGO_SETTINGS_MODULE=example_project.settings DJANGO_SECRET_KEY=checks-only-$$(date +%s) $(PYTHON) manage.py check --fail-level WARNING
+	env -u DATABASE_URL DJANGO_SETTINGS_MODULE=example_project.settings DJANGO_SECRET_KEY=checks-only-$$(date +%s) $(PYTHON) manage.py makemigrations --check --dry-run
 
 # Tests live in tiers by what they need (tests/conftest.py): pure (no database), db (any
 # database), postgres (Postgres only), workers (real Celery worker processes on Postgres

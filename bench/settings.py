@@ -13,6 +13,8 @@ DEFAULT_BROKER_URL = "redis://127.0.0.1:6379/12"
 
 os.environ.setdefault("DATABASE_URL", DEFAULT_DATABASE_URL)
 
+# The example project needs a secret from the environment: the benchmark's is made up.
+os.environ.setdefault("DJANGO_SECRET_KEY", "bench-only-" + "x" * 50)
 from example_project.settings import *  # noqa: E402, F403
 
 INSTALLED_APPS = [*INSTALLED_APPS, "bench.benchapp"]  # noqa: F405
