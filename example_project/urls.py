@@ -18,5 +18,5 @@ urlpatterns = [
 if settings.SERVE_STATIC:
     # Static files under uvicorn too, DEBUG on or off (see SERVE_STATIC in settings.py).
     urlpatterns.append(
-        re_path(rf"^{settings.STATIC_URL}(?P<path>.*)$", serve, {"insecure": True}),
+        re_path(rf"^{settings.STATIC_URL.lstrip('/')}(?P<path>.*)$", serve, {"insecure": True}),
     )
