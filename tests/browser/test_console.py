@@ -224,8 +224,9 @@ def test_console__run_and_decision_pages_fit_on_every_django(console, width):
         assert title["height"] < 80, (path, title)  # one or two lines, not a column
         shown = page.locator(panel).bounding_box()
         assert shown is not None and shown["width"] > 0, (path, panel)
-        # Under the title, as wide as the content (not squeezed into a column beside it).
-        assert shown["y"] >= title["y"] + title["height"] - 1, (path, shown, title)
+        if panel != "#agentrun-cancel-form":  # a tool, beside the title on Django 6
+            # Under the title, as wide as the content (not squeezed into a column beside it).
+            assert shown["y"] >= title["y"] + title["height"] - 1, (path, shown, title)
         panels = page.locator("#agentrun-panels").bounding_box()
         assert panels["y"] >= title["y"] + title["height"] - 1, (path, panels, title)
         assert panels["width"] > 0.6 * page.locator("#content").bounding_box()["width"], path
