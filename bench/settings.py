@@ -26,6 +26,8 @@ DATABASES["default"]["CONN_MAX_AGE"] = float(os.environ.get("BENCH_CONN_MAX_AGE"
 CELERY_BROKER_URL = os.environ.get("BENCH_BROKER_URL", DEFAULT_BROKER_URL)
 AGENTRUN_QUEUE = os.environ.get("AGENTRUN_QUEUE") or None
 AGENTRUN_MODEL_CLIENT = os.environ.get("AGENTRUN_MODEL_CLIENT", "bench.clients.BenchClient")
+# bench/streams.py connects all its clients as one user.
+AGENTRUN_STREAM_MAX_PER_USER = None
 
 LOGGING["loggers"]["django_agentrun"]["level"] = os.environ.get(  # noqa: F405
     "AGENTRUN_LOG_LEVEL", "WARNING"
