@@ -212,7 +212,12 @@ def main() -> None:
             ]
             await asyncio.sleep(3)  # every client connected and waiting
             connected = rss_kib(uvicorn.pid)
+            # While the views' first reads wait for the shared pool, each request still holds
+            # the thread Django gave it; a stream lets it go once its body starts.
             threads_connected.append(threads(uvicorn.pid))
+            for _ in range(20):
+                await asyncio.sleep(0.5)
+                threads_connected.append(threads(uvicorn.pid))
             await asyncio.to_thread(pool.start)
             statuses = await asyncio.gather(*tasks)
             return statuses, connected
