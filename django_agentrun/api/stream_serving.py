@@ -56,10 +56,13 @@ def release_request_thread() -> None:
     life (300 streams held 308 threads). Its work is done when the body starts: close its
     database connections and let the thread go. Whatever of this request still needs one
     (closing the response) gets a new thread then."""
-    context = SyncToAsync.thread_sensitive_context.get(None)
-    if context is None:
+    # asgiref's own bookkeeping (3.x): read defensively, a release without it keeps the thread.
+    context_var = getattr(SyncToAsync, "thread_sensitive_context", None)
+    executors = getattr(SyncToAsync, "context_to_thread_executor", None)
+    context = context_var.get(None) if context_var is not None else None
+    if context is None or executors is None:
         return
-    executor = SyncToAsync.context_to_thread_executor.pop(context, None)
+    executor = executors.pop(context, None)
     if executor is not None:
         executor.submit(close_connections)
         executor.shutdown(wait=False)
