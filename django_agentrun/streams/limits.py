@@ -46,6 +46,13 @@ class Place:
         self.token = secrets.token_hex(8)
         self.released = False
 
+    def __del__(self) -> None:
+        # A stream whose body never started (its client went away first) never released
+        # its place: one counted in this process is given back here (Redis ones lapse).
+        if not self.released and not self.shared:
+            self.released = True
+            _count(self.user_id, -1)
+
     async def renew(self) -> None:
         hub = client()
         if not self.shared or self.released or hub is None:
