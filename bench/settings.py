@@ -13,6 +13,8 @@ DEFAULT_BROKER_URL = "redis://127.0.0.1:6379/12"
 
 os.environ.setdefault("DATABASE_URL", DEFAULT_DATABASE_URL)
 
+# The example project needs a secret from the environment: the benchmark's is made up.
+os.environ.setdefault("DJANGO_SECRET_KEY", "bench-only-" + "x" * 50)
 from example_project.settings import *  # noqa: E402, F403
 
 INSTALLED_APPS = [*INSTALLED_APPS, "bench.benchapp"]  # noqa: F405
@@ -24,6 +26,8 @@ DATABASES["default"]["CONN_MAX_AGE"] = float(os.environ.get("BENCH_CONN_MAX_AGE"
 CELERY_BROKER_URL = os.environ.get("BENCH_BROKER_URL", DEFAULT_BROKER_URL)
 AGENTRUN_QUEUE = os.environ.get("AGENTRUN_QUEUE") or None
 AGENTRUN_MODEL_CLIENT = os.environ.get("AGENTRUN_MODEL_CLIENT", "bench.clients.BenchClient")
+# bench/streams.py connects all its clients as one user.
+AGENTRUN_STREAM_MAX_PER_USER = None
 
 LOGGING["loggers"]["django_agentrun"]["level"] = os.environ.get(  # noqa: F405
     "AGENTRUN_LOG_LEVEL", "WARNING"

@@ -6,7 +6,8 @@ that a real worker advances while its model streams.
 Prints (figures, not a test):
 - the delay of a delta from its arrival at the worker (the moment the model client hands
   it on) to a client (median, p99): each delta's text is the time it was handed on;
-- the uvicorn process's memory per client (RSS with the clients connected, less before);
+- the uvicorn process's memory per client (RSS with the clients connected, less before)
+  and its threads (before, with the clients connected);
 - the worker's turn time (Turn.started_at to finished_at) without clients and with them,
   and their ratio (the publisher must not slow a turn down: within noise).
 
@@ -72,6 +73,10 @@ class TimestampClient:
             usage=Usage(input_tokens=100, output_tokens=count),
             model=request.model,
         )
+
+
+def threads(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
 
 
 def rss_kib(pid: int) -> int:
@@ -198,6 +203,7 @@ def main() -> None:
         # Warm up (imports, the thread pool, the Redis pool): a few clients of a finished run.
         asyncio.run(_warm_up(port, quiet[0]))
         before = rss_kib(uvicorn.pid)
+        threads_before = threads(uvicorn.pid)
 
         async def watch() -> tuple[list[int], int]:
             tasks = [
@@ -206,10 +212,17 @@ def main() -> None:
             ]
             await asyncio.sleep(3)  # every client connected and waiting
             connected = rss_kib(uvicorn.pid)
+            # While the views' first reads wait for the shared pool, each request still holds
+            # the thread Django gave it; a stream lets it go once its body starts.
+            threads_connected.append(threads(uvicorn.pid))
+            for _ in range(20):
+                await asyncio.sleep(0.5)
+                threads_connected.append(threads(uvicorn.pid))
             await asyncio.to_thread(pool.start)
             statuses = await asyncio.gather(*tasks)
             return statuses, connected
 
+        threads_connected: list[int] = []
         statuses, connected = asyncio.run(watch())
         wait_done(loud)
     finally:
@@ -228,6 +241,9 @@ def main() -> None:
     print(
         f"  memory per client: {(connected - before) / args.clients:.1f} KiB "
         f"(uvicorn RSS {before / 1024:.0f} -> {connected / 1024:.0f} MiB)"
+    )
+    print(
+        f"  uvicorn threads: {threads_before} -> {threads_connected[0]} with the clients connected"
     )
     ratio = statistics.median(loud_t) / statistics.median(quiet_t)
     print(

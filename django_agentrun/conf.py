@@ -93,6 +93,20 @@ DEFAULTS: dict[str, Any] = {
     # How often a stream reads the database without Redis (with Redis, after each commit's
     # nudge, and every 10 x this as a safety net).
     "STREAM_POLL_SECONDS": 1.0,
+    # A stream ends after this many seconds (the client reconnects with its cursor and is
+    # authenticated and checked again). None: no bound under ASGI; under WSGI, where each
+    # stream holds a worker thread, streams end after STREAM_WSGI_MAX_SECONDS.
+    "STREAM_MAX_SECONDS": 300.0,
+    "STREAM_WSGI_MAX_SECONDS": 60.0,
+    # How often an open stream checks again that its user is active and may see what it
+    # follows (it ends at once when not).
+    "STREAM_RECHECK_SECONDS": 5.0,
+    # Streams one user may hold open at once (across web processes, counted in Redis when
+    # the streams have it; per process without); one more is answered 429. None: no limit.
+    "STREAM_MAX_PER_USER": 20,
+    # Deltas held for a client that does not read them; past that its stream ends (it
+    # reconnects with its cursor), so a stalled client costs a bounded amount of memory.
+    "STREAM_BUFFER_ENTRIES": 2000,
 }
 
 

@@ -1,15 +1,33 @@
-"""Settings of the example project: SQLite by default, DATABASE_URL for Postgres."""
+"""Settings of the example project: SQLite by default, DATABASE_URL for Postgres.
+
+Safe to copy: DEBUG is off unless DJANGO_DEBUG=1 (no tracebacks to clients), and the
+secret comes from the environment (DJANGO_SECRET_KEY; nothing starts without it), except
+under the demo commands, which make one up for their own processes."""
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
+import sys
 from pathlib import Path
+
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
-SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "example-project-insecure-key-change-me")
-DEBUG = os.environ.get("DJANGO_DEBUG", "1") == "1"
+# `manage.py agentrun_demo` and `agentrun_chat` run on this machine only: without a secret
+# they make one up, in the environment their worker and web processes inherit.
+DEMO_COMMANDS = ("agentrun_demo", "agentrun_chat")
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "")
+if not SECRET_KEY and sys.argv[1:2] and sys.argv[1] in DEMO_COMMANDS:
+    SECRET_KEY = os.environ["DJANGO_SECRET_KEY"] = secrets.token_urlsafe(50)
+if not SECRET_KEY:
+    raise ImproperlyConfigured(
+        "Set DJANGO_SECRET_KEY in the environment, to a long random string: "
+        "python -c 'import secrets; print(secrets.token_urlsafe(50))'."
+    )
+DEBUG = os.environ.get("DJANGO_DEBUG", "0") == "1"
 ALLOWED_HOSTS = ["127.0.0.1", "localhost", "testserver"]
 
 INSTALLED_APPS = [
@@ -84,6 +102,10 @@ USE_TZ = True
 TIME_ZONE = "UTC"
 LANGUAGE_CODE = "en-us"
 STATIC_URL = "static/"
+# The project serves its static files itself (the admin's, the chat page's script), with
+# DEBUG off too: enough for the example. A deployment collects them (collectstatic) and
+# serves them from its web server or WhiteNoise instead: DJANGO_SERVE_STATIC=0.
+SERVE_STATIC = os.environ.get("DJANGO_SERVE_STATIC", "1") == "1"
 
 # Celery: Redis by default; the demo switches to a server-less transport when none answers.
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "redis://127.0.0.1:6379/0")

@@ -1,7 +1,8 @@
+from django.conf import settings
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
-from django.contrib.staticfiles.urls import staticfiles_urlpatterns
-from django.urls import include, path
+from django.contrib.staticfiles.views import serve
+from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView
 
 from example_project.demo.views import chat
@@ -13,6 +14,9 @@ urlpatterns = [
     # The chat page (example_project/demo): it needs the ASGI server for its live stream.
     path("chat/", chat, name="chat"),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
-    # Static files under uvicorn too, while DEBUG is on (runserver does it by itself).
-    *staticfiles_urlpatterns(),
 ]
+if settings.SERVE_STATIC:
+    # Static files under uvicorn too, DEBUG on or off (see SERVE_STATIC in settings.py).
+    urlpatterns.append(
+        re_path(rf"^{settings.STATIC_URL.lstrip('/')}(?P<path>.*)$", serve, {"insecure": True}),
+    )

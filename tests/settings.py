@@ -8,6 +8,9 @@ import sys
 if os.environ.get("AGENTRUN_TEST_PSYCOPG2"):
     sys.modules["psycopg"] = None  # type: ignore[assignment]
 
+# The example project needs a secret from the environment; the tests' (and their worker
+# processes', which inherit it) is made up here.
+os.environ.setdefault("DJANGO_SECRET_KEY", "tests-only-" + "x" * 50)
 from example_project.settings import *  # noqa: F403
 
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.testapp"]  # noqa: F405

@@ -198,8 +198,11 @@ class RunActionsMixin(ServiceActionsMixin):
             return None
         return delete_selected(self, request, queryset)
 
-    def get_actions(self, request: HttpRequest):
-        actions = super().get_actions(request)  # type: ignore[misc]
+    def get_actions(self, request: HttpRequest, action_location: Any = None):
+        # Django 6.1 passes where the actions show (and warns about an override without the
+        # parameter); 5.2 has no such parameter.
+        extra = {} if action_location is None else {"action_location": action_location}
+        actions = super().get_actions(request, **extra)  # type: ignore[misc]
         if "delete_selected" in actions:  # the user may delete: finished runs only
             actions["delete_selected"] = (
                 type(self).delete_finished,

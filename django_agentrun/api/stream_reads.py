@@ -83,6 +83,19 @@ def authenticate(request: Any) -> tuple[Any, tuple[int, str, str, dict[str, str]
     return None, (status, body["code"], body["detail"], {})
 
 
+@short_read
+def may_see(what: str, ident: Any, user_id: Any) -> bool:
+    """Whether the user `user_id` may still see the run (or conversation) `ident`: still
+    there, still active, and allowed (read afresh: permissions are not cached across calls)."""
+    from django.contrib.auth import get_user_model
+
+    user = get_user_model()._default_manager.filter(pk=user_id).first()
+    if user is None or not getattr(user, "is_active", True):
+        return False
+    model = Run if what == "run" else Conversation
+    return model.objects.visible_to(user).filter(pk=ident).exists()
+
+
 Cursor = tuple[int, int]  # (a run's position in its conversation, or 0; an event's seq)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .sse import FORMATS
+from .stream_formats import FORMATS
 
 
 def document_streams(result: dict[str, Any], generator: Any, **kwargs: Any) -> dict[str, Any]:
@@ -57,7 +57,10 @@ def _stream_operation(error: dict[str, Any]) -> dict[str, Any]:
             "again from its start), a keep-alive comment every 15 s. `format=events` (this "
             "app's events) or `ai-sdk` (the Vercel AI SDK's UI message stream, v1), or by "
             "`Accept`. Ends when the run rests; 204 when it rests and nothing follows the "
-            "cursor. Serve it under ASGI."
+            "cursor. Ends early, with `event: reconnect`, after AGENTRUN_STREAM_MAX_SECONDS or "
+            "for a client that does not read (reconnect with the cursor); ends at once when "
+            "the user may no longer see the run (checked every AGENTRUN_STREAM_RECHECK_SECONDS). "
+            "Serve it under ASGI."
         ),
         "tags": ["runs"],
         "parameters": [
@@ -81,6 +84,9 @@ def _stream_operation(error: dict[str, Any]) -> dict[str, Any]:
             "401": failed("Not authenticated, with the first authentication class's challenge."),
             "403": failed("Not authenticated (no challenge)."),
             "404": failed("No such run among those you may see (`not_found`)."),
+            "429": failed(
+                "The user holds AGENTRUN_STREAM_MAX_PER_USER open streams already (`throttled`)."
+            ),
             "406": failed(
                 "An unknown `format` or an `Accept` without a stream (`not_acceptable`)."
             ),

@@ -1,15 +1,24 @@
 """`GET runs/{id}/stream/` and `GET conversations/{id}/stream/`: the live streams of a run
-and of a conversation (its runs in order), Server-Sent Events (formats in sse.py).
+and of a conversation (its runs in order), Server-Sent Events (formats in sse.py and ui_messages.py).
 
-A plain async Django view (DRF has no async views), so a stream holds no thread while it
-waits: it checks the API's own authentication (the project's DRF authentication classes,
-session included) and visibility (`visible_to(user)` of runs or of conversations: 404 for
-what one may not see; checked when the stream opens), reads the database only in short
-calls on a shared thread pool that close their connection (none is held between reads),
-and waits on the run's (or conversation's) Redis stream (`XREAD BLOCK`) for deltas and for
-the nudge each commit sends (one read per nudge for all the process's streams of it);
-without Redis it reads the database every AGENTRUN_STREAM_POLL_SECONDS. Serve it under
-ASGI (uvicorn); under WSGI it works but holds a worker thread per client.
+A plain async Django view (DRF has no async views), so under ASGI a stream holds no thread
+while it waits: it checks the API's own authentication (the project's DRF authentication
+classes, session included) and visibility (`visible_to(user)` of runs or of
+conversations: 404 for what one may not see), reads the database only in short calls on
+a shared thread pool that close their connection (none is held between reads), lets go
+of the thread Django gave the request for its synchronous parts, and waits on the run's
+(or conversation's) Redis stream (`XREAD BLOCK`) for deltas and for the nudge each commit
+sends (one read per nudge for all the process's streams of it); without Redis it reads
+the database every AGENTRUN_STREAM_POLL_SECONDS.
+
+Bounds: the user is checked again (still active, still allowed to see it) every
+AGENTRUN_STREAM_RECHECK_SECONDS, and the stream ends at once when not; it lives at most
+AGENTRUN_STREAM_MAX_SECONDS, then ends without its end (the client reconnects with its
+cursor); a user holds at most AGENTRUN_STREAM_MAX_PER_USER streams (429 beyond); a client
+that does not read is let go once AGENTRUN_STREAM_BUFFER_ENTRIES deltas wait for it.
+Under WSGI (runserver, gunicorn's sync workers) the same stream is served as a synchronous
+iterator on an event loop of its own, so it streams there too, but holds a worker thread
+for its life: bounded by AGENTRUN_STREAM_WSGI_MAX_SECONDS.
 
 Resuming: `Last-Event-ID` (what EventSource sends) or `?after=` names the last durable
 event received (a seq; in a conversation, `<position>-<seq>`); the stream sends what
@@ -28,13 +37,17 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 
 from .. import streams
 from ..conf import agentrun_settings
-from ..streams.reader import RunDeltas, client
+from ..streams import limits
+from ..streams.reader import RunDeltas, SlowReader, client, close_hub
 from . import stream_reads as reads
-from .sse import ACCEPT, CONVERSATION_FORMATS, FORMATS, KEEPALIVE
+from .sse import KEEPALIVE
+from .stream_formats import ACCEPT, CONVERSATION_FORMATS, FORMATS
+from .stream_serving import Lease, SyncStream, release_request_thread
 
 logger = logging.getLogger(__name__)
 
@@ -139,10 +152,27 @@ async def _open(
     except ValueError:
         return error(404, "not_found", f"No such {what}.")
     source = source_of(ident)
+    source.what, source.user_id = what, user.pk
     first = await source.read(ident, user, after, first=True)
     if first is None:
         return error(404, "not_found", f"No such {what}.")
-    return respond(formats[fmt](ident), source, after, first)
+    if first.resting and not first.events:
+        return HttpResponse(status=204)
+    asgi = isinstance(request, ASGIRequest)
+    lease = Lease(asgi)
+    place = await limits.take(user.pk, lease.lapse)
+    if not asgi:
+        await close_hub()  # this loop ends with the view: the stream runs on its own
+    if place is None:
+        limit = agentrun_settings.STREAM_MAX_PER_USER
+        return error(
+            429,
+            "throttled",
+            f"At most {limit} open streams per user: close one first.",
+            {"Retry-After": str(max(1, round(float(agentrun_settings.STREAM_RECHECK_SECONDS))))},
+        )
+    lease.place = place
+    return respond(formats[fmt](ident), source, after, first, lease)
 
 
 class Source:
@@ -153,15 +183,17 @@ class Source:
         self.read = read  # read(ident, user or None, after cursor, first=...) -> Snapshot
         self.key = key  # its Redis stream
         self.cursor_text = cursor_text  # the SSE id of a cursor
+        self.what = "run"  # run | conversation
+        self.user_id: Any = None  # whose stream it is (checked again while it is open)
 
 
-def respond(fmt: Any, source: Source, after: reads.Cursor, first: reads.Snapshot) -> HttpResponse:
-    """204 when nothing is active and nothing follows the cursor; else the stream."""
-    if first.resting and not first.events:
-        return HttpResponse(status=204)
-    response = StreamingHttpResponse(
-        _stream(fmt, source, after, first), content_type="text/event-stream; charset=utf-8"
-    )
+def respond(
+    fmt: Any, source: Source, after: reads.Cursor, first: reads.Snapshot, lease: Lease
+) -> HttpResponse:
+    """The stream: an async iterator under ASGI, a synchronous one under WSGI."""
+    body = _stream(fmt, source, after, first, lease)
+    content = body if lease.asgi else SyncStream(body, lease)
+    response = StreamingHttpResponse(content, content_type="text/event-stream; charset=utf-8")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
     response["Vary"] = "Accept, Cookie, Authorization"
@@ -171,10 +203,22 @@ def respond(fmt: Any, source: Source, after: reads.Cursor, first: reads.Snapshot
 
 
 async def _stream(
-    fmt: Any, source: Source, after: reads.Cursor, snapshot: reads.Snapshot
+    fmt: Any, source: Source, after: reads.Cursor, snapshot: reads.Snapshot, lease: Lease
 ) -> AsyncIterator[str]:
-    for chunk in fmt.open():
-        yield chunk
+    try:
+        if lease.asgi:
+            release_request_thread()
+        for chunk in fmt.open():
+            yield chunk
+        async for chunk in _with_deltas(fmt, source, after, snapshot, lease):
+            yield chunk
+    finally:
+        await lease.release()
+
+
+async def _with_deltas(
+    fmt: Any, source: Source, after: reads.Cursor, snapshot: reads.Snapshot, lease: Lease
+) -> AsyncIterator[str]:
     hub = client()
     deltas = RunDeltas(hub, source.key) if hub is not None else None
     entries: list[Any] = []
@@ -186,7 +230,7 @@ async def _stream(
             deltas.close()
             deltas = None
     try:
-        async for chunk in _follow(fmt, source, after, snapshot, deltas, entries):
+        async for chunk in _follow(fmt, source, after, snapshot, deltas, entries, lease):
             yield chunk
     finally:
         if deltas is not None:
@@ -200,6 +244,7 @@ async def _follow(
     snapshot: reads.Snapshot | None,
     deltas: RunDeltas | None,
     entries: list[Any],
+    lease: Lease,
 ) -> AsyncIterator[str]:
     loop = asyncio.get_running_loop()
     keepalive = float(agentrun_settings.STREAM_KEEPALIVE_SECONDS)
@@ -254,6 +299,18 @@ async def _follow(
             last_output = loop.time()
         entries = held
         now = loop.time()
+        if now >= lease.ends_at:
+            # Its time is up: end it without its end, so that the client reconnects after
+            # the last cursor it received (and is authenticated and checked again).
+            for chunk in fmt.pause(source.cursor_text(cursor)):
+                yield chunk
+            return
+        if now >= lease.next_check:
+            if not await reads.may_see(source.what, source.ident, source.user_id):
+                logger.info("Live stream ended: no longer visible key=%s", source.key)
+                return
+            await lease.renew()
+            continue
         if need_db or now >= next_poll:
             snapshot = await reads.read_on(source.read, source.ident, cursor)
             if snapshot is None:
@@ -262,12 +319,18 @@ async def _follow(
         if now - last_output >= keepalive:
             yield KEEPALIVE
             last_output = now
-        wait = max(0.0, min(next_poll, last_output + keepalive) - now)
+        wait = max(0.0, min(next_poll, last_output + keepalive, lease.wakes_at) - now)
         if deltas is None:
             await asyncio.sleep(wait)
             continue
         try:
             entries = await deltas.next(wait)
+        except SlowReader:
+            # More waited for this client than it may hold: let it go (it reconnects).
+            logger.info("Live stream ended: the client reads too slowly key=%s", source.key)
+            for chunk in fmt.pause(source.cursor_text(cursor)):
+                yield chunk
+            return
         except Exception as exc:  # noqa: BLE001 - Redis went away: poll the database instead
             logger.warning("Live stream lost Redis (%s) key=%s", exc, source.key)
             deltas.close()

@@ -2,7 +2,9 @@
 clients: per event loop one `Hub` reads every watched run's stream with one blocking
 `XREAD` on one connection and fans the entries out to each client's queue; a client's own
 commands (where the answer being written starts, what it missed) are short ones on a
-small shared pool. No connection, thread or blocked read per client."""
+small shared pool. No connection, thread or blocked read per client; what waits for a
+client that does not read is bounded (AGENTRUN_STREAM_BUFFER_ENTRIES: past it the client
+is dropped from the hub and told so, with `SlowReader`)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import logging
 import weakref
 from typing import Any
 
+from ..conf import agentrun_settings
 from .config import attempt_key, redis_url
 
 logger = logging.getLogger(__name__)
@@ -50,6 +53,51 @@ def client() -> Hub | None:
     return found
 
 
+class SlowReader(Exception):
+    """The client read too slowly: more entries waited for it than
+    AGENTRUN_STREAM_BUFFER_ENTRIES, and the hub stopped keeping them."""
+
+
+class Inbox:
+    """The entries waiting for one client, at most `limit` of them: one more, and they
+    are dropped for a SlowReader (the client's stream ends; it reconnects with its cursor)."""
+
+    def __init__(self, limit: int) -> None:
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.limit = limit
+        self.held = 0
+        self.overflowed = False
+
+    def put(self, item: Any) -> bool:
+        """Queue a batch of entries (or an exception); False once the inbox is full."""
+        if self.overflowed:
+            return False
+        size = len(item) if isinstance(item, list) else 0
+        if self.held + size > self.limit:
+            self.overflowed = True
+            while not self.queue.empty():
+                self.queue.get_nowait()
+            self.held = 0
+            self.queue.put_nowait(SlowReader())
+            return False
+        self.held += size
+        self.queue.put_nowait(item)
+        return True
+
+    def get_nowait(self) -> Any:
+        item = self.queue.get_nowait()
+        self.held -= len(item) if isinstance(item, list) else 0
+        return item
+
+    async def get(self) -> Any:
+        item = await self.queue.get()
+        self.held -= len(item) if isinstance(item, list) else 0
+        return item
+
+    def empty(self) -> bool:
+        return self.queue.empty()
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
@@ -79,19 +127,19 @@ class Hub:
     def __init__(self, redis: Any) -> None:
         self.redis = redis
         self.positions: dict[str, str] = {}
-        self.queues: dict[str, set[asyncio.Queue[Any]]] = {}
+        self.queues: dict[str, set[Inbox]] = {}
         self.task: asyncio.Task[None] | None = None
 
-    def subscribe(self, key: str, after: str) -> tuple[asyncio.Queue[Any], str]:
-        """A queue of `key`'s entries from the hub's position on, and that position."""
-        queue: asyncio.Queue[Any] = asyncio.Queue()
+    def subscribe(self, key: str, after: str) -> tuple[Inbox, str]:
+        """An inbox of `key`'s entries from the hub's position on, and that position."""
+        queue = Inbox(int(agentrun_settings.STREAM_BUFFER_ENTRIES))
         self.queues.setdefault(key, set()).add(queue)
         position = self.positions.setdefault(key, after)
         if self.task is None or self.task.done():
             self.task = asyncio.ensure_future(self._run())
         return queue, position
 
-    def unsubscribe(self, key: str, queue: asyncio.Queue[Any]) -> None:
+    def unsubscribe(self, key: str, queue: Inbox) -> None:
         watchers = self.queues.get(key)
         if watchers is not None:
             watchers.discard(queue)
@@ -106,7 +154,7 @@ class Hub:
             except Exception as exc:  # noqa: BLE001 - every watcher falls back to the database
                 for watchers in self.queues.values():
                     for queue in watchers:
-                        queue.put_nowait(exc)
+                        queue.put(exc)
                 self.queues.clear()
                 self.positions.clear()
                 return
@@ -116,8 +164,9 @@ class Hub:
                 if not raw or key not in self.positions:
                     continue
                 self.positions[key] = _text(raw[-1][0])
-                for queue in self.queues.get(key, ()):
-                    queue.put_nowait(entries)
+                for queue in list(self.queues.get(key, ())):
+                    if not queue.put(entries):
+                        self.unsubscribe(key, queue)  # a slow reader: told, then let go
 
 
 class RunDeltas:
@@ -127,7 +176,7 @@ class RunDeltas:
         self.hub = hub
         self.key = key
         self.last = "0-0"
-        self.queue: asyncio.Queue[Any] | None = None
+        self.queue: Inbox | None = None
 
     async def catch_up(self) -> list[Entry]:
         """The entries from the newest attempt marker on (the answer being written, if any);
@@ -150,7 +199,8 @@ class RunDeltas:
         return entries
 
     async def next(self, timeout: float) -> list[Entry]:
-        """Entries that came since, waiting up to `timeout` seconds; raises if Redis failed."""
+        """Entries that came since, waiting up to `timeout` seconds; raises if Redis failed
+        (and SlowReader when more waited for this client than it may hold)."""
         assert self.queue is not None
         try:
             got = await asyncio.wait_for(self.queue.get(), timeout)
@@ -173,3 +223,16 @@ class RunDeltas:
         if self.queue is not None:
             self.hub.unsubscribe(self.key, self.queue)
             self.queue = None
+
+
+async def close_hub() -> None:
+    """Close the running loop's hub and its connections (a loop that ends: a WSGI stream's)."""
+    found = _loops.pop(asyncio.get_running_loop(), {})
+    for hub in found.values():
+        if hub.task is not None:
+            hub.task.cancel()
+        try:
+            await hub.redis.aclose()
+            await hub.redis.connection_pool.disconnect()
+        except Exception as exc:  # noqa: BLE001 - closing what is gone anyway
+            logger.debug("Closing a stream hub: %s", exc)

@@ -199,3 +199,35 @@ def test_console__pages_fit_whatever_a_run_holds(console):
     assert "<b>not bold</b>" in page.inner_text("#agentrun-conversation")  # shown, escaped
     assert re.search(r"Show all", html)
     console.shot("run-page-awkward")
+
+
+@pytest.mark.parametrize("width", [1280, 1400])
+def test_console__run_and_decision_pages_fit_on_every_django(console, width):
+    """The run page (an active run: its cancel form; a parked one: its pending banner) and
+    the call's decision page fit at 1,280 and 1,400 px on Django 5.2 and 6.x alike: the
+    panels sit under the title, never beside it (Django 6.1 puts object-tools there), and
+    the title keeps its width (the run id once wrapped one character per line)."""
+    operator("olga", "approve_toolcall", "view_all_runs", "cancel_run")
+    owner = factories.user("a-customer")
+    parked, call, _ = factories.parked(owner)
+    active = start_run("test-agent", "nobody works on me", owner=owner)
+    page = console.login("olga")
+    page.set_viewport_size({"width": width, "height": 900})
+    for path, panel in (
+        (change(parked), "#agentrun-pending"),
+        (change(active), "#agentrun-cancel-form"),
+        (change(call), "#agentrun-panels"),
+    ):
+        console.go(path)
+        fits(console)
+        title = page.locator("#content h1, #content h2").first.bounding_box()
+        assert title["height"] < 80, (path, title)  # one or two lines, not a column
+        shown = page.locator(panel).bounding_box()
+        assert shown is not None and shown["width"] > 0, (path, panel)
+        if panel != "#agentrun-cancel-form":  # a tool, beside the title on Django 6
+            # Under the title, as wide as the content (not squeezed into a column beside it).
+            assert shown["y"] >= title["y"] + title["height"] - 1, (path, shown, title)
+        panels = page.locator("#agentrun-panels").bounding_box()
+        assert panels["y"] >= title["y"] + title["height"] - 1, (path, panels, title)
+        assert panels["width"] > 0.6 * page.locator("#content").bounding_box()["width"], path
+    console.shot(f"run-page-{width}")

@@ -95,7 +95,8 @@ def uses_admin(user) -> bool:
 
 def rolled_back(check: Callable[[], bool]) -> bool:
     """`check`'s answer, with whatever it changed undone (each question starts afresh)."""
-    sid = transaction.savepoint()
+    # Django 6.1 renamed savepoint() to savepoint_create() (the old name warns).
+    sid = getattr(transaction, "savepoint_create", transaction.savepoint)()
     try:
         return check()
     finally:

@@ -22,16 +22,44 @@ def test_chat_page__asks_for_a_login_then_serves_the_page(client):
     response = client.get("/chat/")
     assert response.status_code == 200
     assert "csrftoken" in response.cookies
-    page = response.content.decode()
-    # Where the API is mounted, and the agent (escapejs writes "-" as \u002D).
-    assert 'api: "/api/agentrun/"' in page
-    assert 'agent: "support\\u002Dagent"' in page
-    assert "mayDecide: false" in page and "demo/chat.js" in page
+    # Where the API is mounted, and the agent: JSON data for the script, not a script.
+    assert config(response) == {
+        "agent": "support-agent",
+        "api": "/api/agentrun/",
+        "mayDecide": False,
+    }
+    assert "demo/chat.js" in response.content.decode()
+
+
+def config(response) -> dict:
+    import json
+    import re
+
+    found = re.search(
+        r'<script id="agentrun-chat-config" type="application/json">(.*?)</script>',
+        response.content.decode(),
+    )
+    return json.loads(found.group(1))
 
 
 def test_chat_page__tells_the_script_who_may_decide(client):
     client.force_login(factories.user("ann", "approve_toolcall"))
-    assert "mayDecide: true" in client.get("/chat/").content.decode()
+    assert config(client.get("/chat/"))["mayDecide"] is True
+
+
+def test_chat_page__a_content_security_policy_and_no_inline_script(client):
+    import re
+
+    client.force_login(factories.user("alice"))
+    response = client.get("/chat/")
+    policy = dict(
+        (part.split(" ", 1) + [""])[:2] for part in response["Content-Security-Policy"].split("; ")
+    )
+    assert policy["script-src"] == "'self'" and policy["default-src"] == "'self'"
+    assert policy["frame-ancestors"] == "'none'" and policy["object-src"] == "'none'"
+    scripts = re.findall(r"<script([^>]*)>(.*?)</script>", response.content.decode(), re.S)
+    # Every script is a file of this origin, or JSON data (which a browser never runs).
+    assert all('src="' in attrs or 'type="application/json"' in attrs for attrs, _ in scripts)
 
 
 def test_agentrun_chat__refuses_without_redis():

@@ -311,7 +311,7 @@ def test_stream__the_api_schema_describes_it(alice, client):
     schema = client.get(reverse("agentrun:schema"), {"format": "json"}).json()
     operation = schema["paths"]["/api/agentrun/runs/{id}/stream/"]["get"]
     assert "text/event-stream" in operation["responses"]["200"]["content"]
-    assert set(operation["responses"]) == {"200", "204", "400", "401", "403", "404", "406"}
+    assert set(operation["responses"]) == {"200", "204", "400", "401", "403", "404", "406", "429"}
     ref = operation["responses"]["404"]["content"]["application/json"]["schema"]["$ref"]
     assert ref.rsplit("/", 1)[1] in schema["components"]["schemas"]
 

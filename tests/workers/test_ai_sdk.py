@@ -44,6 +44,8 @@ def test_ai_sdk__rebuilds_the_message_with_an_approval(
     )
     run = start_run("test-agent", "Delete Bob's account.", owner=alice)
     out = tmp_path / "message.json"
+    withdrawn = tmp_path / "withdrawn.json"
+    withdrawn.write_text(json.dumps(withdrawn_chunks()))
     done = subprocess.run(
         [node, "--test", "--test-reporter=spec", str(NODE_TESTS)],
         cwd=NODE_TESTS,
@@ -53,13 +55,14 @@ def test_ai_sdk__rebuilds_the_message_with_an_approval(
             "AGENTRUN_RUN": str(run.pk),
             "AGENTRUN_AUTH": "alice:pw",
             "AGENTRUN_OUT": str(out),
+            "AGENTRUN_CHUNKS": str(withdrawn),
         },
         capture_output=True,
         text=True,
         timeout=150,
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    assert "ℹ pass 1" in done.stdout and "ℹ fail 0" in done.stdout, done.stdout[-2000:]
+    assert "ℹ pass 2" in done.stdout and "ℹ fail 0" in done.stdout, done.stdout[-2000:]
     wait_resting(run)
     assert run.state == "completed"
     finished = json.loads(out.read_text())["finished"]
@@ -71,3 +74,27 @@ def test_ai_sdk__rebuilds_the_message_with_an_approval(
     ]
     decided = run.tool_calls.get(name="delete_account")
     assert (decided.approved, decided.decision_note) == (True, "ok from node")
+
+
+def withdrawn_chunks() -> list[dict]:
+    """What the ai-sdk format writes for a turn recorded after a lost delta, then a turn
+    cancelled mid-answer (read by tests/node/withdrawn.test.mjs)."""
+    from django_agentrun.api.ui_messages import UIMessageFormat
+
+    fmt = UIMessageFormat("run-1")
+    out = fmt.open()
+    for turn, texts in ((0, ["Hello, ", "world"]), (1, ["Never recorded"])):
+        out += fmt.delta({"kind": "attempt", "turn": turn, "attempt": 0, "attempt_id": "a"})
+        out += fmt.delta({"kind": "block_start", "turn": turn, "index": 0, "block": "text"})
+        for piece in texts:
+            out += fmt.delta({"kind": "text", "turn": turn, "index": 0, "text": piece})
+        if turn == 0:
+            content = [{"type": "text", "text": "Hello, dear world"}]
+            answer = {"turn_index": 0, "content": content}
+            out += fmt.event({"seq": 3, "type": "model_response", "payload": answer}, "3")
+            out += fmt.event(
+                {"seq": 4, "type": "turn_completed", "payload": {"turn_index": 0}}, "4"
+            )
+    out += fmt.close("cancelled", "5")
+    lines = "".join(out).split("\n")
+    return [json.loads(line[6:]) for line in lines if line.startswith("data: {")]

@@ -8,6 +8,7 @@ connection between reads; a worker whose Redis is gone completes its turns as fa
 
 from __future__ import annotations
 
+import os
 import random
 import time
 
@@ -132,3 +133,38 @@ def test_streams__a_worker_whose_redis_is_gone_is_as_fast(workers, messages_api,
     assert timings["redis gone"] < max(3 * timings["no streams"], timings["no streams"] + 0.5), (
         timings
     )
+
+
+def _threads(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+def test_streams__an_idle_stream_holds_no_thread(workers, asgi_server, settings, queue):
+    """Under uvicorn, 30 open streams waiting for their runs hold no thread each: Django's
+    thread for the request's synchronous parts is let go when the body starts; the reads
+    share the loop's small pool (issue #25: 300 streams held 308 threads)."""
+    server = asgi_server
+    settings.AGENTRUN_QUEUE = f"{queue}-nobody"  # nobody works on it: it stays queued, active
+    owners = [factories.user(name) for name in ("alice", "bob", "carol")]
+    runs = [start_run("test-agent", "wait", owner=owner) for owner in owners]
+    warm = LiveStream(server.url, path(runs[0]), auth=AUTH)
+    next(warm.frames())
+    warm.close()
+    time.sleep(0.5)
+    before = _threads(server.proc.pid)
+    streams = [
+        LiveStream(server.url, path(run), auth=(run.owner.username, "pw"))
+        for run in runs
+        for _ in range(10)
+    ]
+    readers = [s.frames() for s in streams]
+    for reader in readers:
+        assert next(reader).json["type"] == "run_created"
+    time.sleep(1)
+    for reader in readers:  # all still open: keep-alives come
+        assert next(reader).event == "comment"
+    during = _threads(server.proc.pid)
+    for s in streams:
+        s.close()
+    # The loop's default pool (at most min(32, cores + 4)) may grow; nothing per stream.
+    assert during - before <= min(32, (os.cpu_count() or 1) + 4), (before, during)

@@ -9,13 +9,22 @@
 "use strict";
 
 (() => {
-  const config = window.AGENTRUN_CHAT;
+  const config = JSON.parse(document.getElementById("agentrun-chat-config").textContent);
   const $ = (selector, root = document) => root.querySelector(selector);
   const transcript = $("#transcript");
   const status = $("#status");
   const stopButton = $("#stop");
 
-  let conversation = new URLSearchParams(location.search).get("c");
+  // Ids go into request paths: only a UUID is taken from the URL (a crafted `?c=` such as
+  // `../runs/<id>/cancel/?` would otherwise turn this page's next POST into another one),
+  // and every path segment is encoded.
+  const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
+  const asked = new URLSearchParams(location.search).get("c");
+  let conversation = asked && UUID.test(asked) ? asked.toLowerCase() : null;
+  if (asked && !conversation) history.replaceState(null, "", location.pathname);
+
+  // An API path from its segments, each encoded (`/` included): no segment can climb out.
+  const path = (...segments) => segments.map((s) => encodeURIComponent(String(s))).join("/") + "/";
   let cursor = null; // the last durable event's cursor
   let received = []; // the durable events received, kept for a reload
   let source = null; // the EventSource while the stream is open
@@ -28,8 +37,8 @@
     return found ? decodeURIComponent(found.split("=")[1]) : "";
   }
 
-  async function api(method, path, body) {
-    const response = await fetch(config.api + path, {
+  async function api(method, target, body) {
+    const response = await fetch(config.api + target, {
       method,
       credentials: "same-origin",
       headers: { "Content-Type": "application/json", "X-CSRFToken": csrfToken() },
@@ -271,7 +280,7 @@
   function follow() {
     if (!conversation || source) return;
     const query = cursor ? `?after=${encodeURIComponent(cursor)}` : "";
-    source = new EventSource(`${config.api}conversations/${conversation}/stream/${query}`);
+    source = new EventSource(`${config.api}${path("conversations", conversation, "stream")}${query}`);
     setStatus("working", "working…");
     source.addEventListener("run_event", (message) => durable(JSON.parse(message.data)));
     source.addEventListener("delta", (message) => delta(JSON.parse(message.data)));
@@ -306,13 +315,14 @@
     try {
       if (!conversation) {
         const started = await api("POST", "conversations/", { agent: config.agent });
+        if (!UUID.test(String(started.id))) throw new Error("The API answered an unexpected id.");
         conversation = started.id;
-        history.replaceState(null, "", `?c=${conversation}`);
+        history.replaceState(null, "", `?c=${encodeURIComponent(conversation)}`);
       }
       const busy = ["working", "awaiting_approval"].includes(status.dataset.state);
       const body = { input: said };
       if (busy) body.policy = $("#policy").value;
-      await api("POST", `conversations/${conversation}/messages/`, body);
+      await api("POST", path("conversations", conversation, "messages"), body);
       input.value = "";
       follow();
     } catch (error) {
@@ -324,11 +334,11 @@
     showError(null);
     for (const button of row.querySelectorAll("button")) button.disabled = true;
     try {
-      const detail = await api("GET", `runs/${run.run}/`);
+      const detail = await api("GET", path("runs", run.run));
       const pending = (detail.pending_decisions || []).find((p) => String(p.id) === String(callId));
       if (!pending || !pending.token) throw new Error("This call no longer waits for a decision.");
       const body = verb === "approve" ? { token: pending.token } : { token: pending.token, reason: "Rejected in the chat." };
-      await api("POST", `tool-calls/${callId}/${verb}/`, body);
+      await api("POST", path("tool-calls", callId, verb), body);
       follow();
     } catch (error) {
       for (const button of row.querySelectorAll("button")) button.disabled = false;
@@ -339,7 +349,7 @@
   async function stop() {
     showError(null);
     try {
-      await api("POST", `conversations/${conversation}/stop/`, { reason: "Stopped in the chat." });
+      await api("POST", path("conversations", conversation, "stop"), { reason: "Stopped in the chat." });
       follow();
     } catch (error) {
       showError(error);
