@@ -225,7 +225,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
                 f"AGENTRUN_LEASE_SECONDS ({s.LEASE_SECONDS:g}) is too short to be renewed: the "
                 f"heartbeat renews it after {renewal:g} s, and a step not renewed by "
                 f"{stop:g} s is stopped.",
-                hint="Give the lease at least 3 seconds (the default is 30); with this one every "
+                hint="Give the lease at least 2 seconds (the default is 30); with this one every "
                 "step that takes longer is stopped and its run taken back by the reaper.",
                 id="agentrun.E006",
             )

@@ -47,9 +47,12 @@ def renewal_timing(
     """When, after a claim, the beat sends its first renewal and the watchdog stops a step
     not yet renewed (as `_beat_loop` and `_watch` time them): a lease whose renewal does not
     come well before the stop is never renewed in time."""
+    # The beat renews at the last poll at or before a third of the lease (at the first
+    # poll at the least): rounded up instead, a 2 s lease polled every 0.5 s was renewed at
+    # 1 s, when the watchdog stops a step not renewed, and a busy machine stopped it.
     renew_every = max(lease_seconds / 3, poll_seconds)
     if poll_seconds > 0:
-        renew_every = math.ceil(renew_every / poll_seconds - 1e-9) * poll_seconds
+        renew_every = max(1, math.floor(renew_every / poll_seconds + 1e-9)) * poll_seconds
     stop_before = min(grace_seconds + margin_seconds(lease_seconds), lease_seconds / 2)
     return renew_every, lease_seconds - stop_before
 
@@ -85,7 +88,8 @@ class Heartbeat:
     def _beat_loop(self) -> None:
         lease_seconds = agentrun_settings.LEASE_SECONDS
         poll = agentrun_settings.HEARTBEAT_SECONDS
-        renew_every = max(lease_seconds / 3, poll)
+        renew_every, _ = renewal_timing(lease_seconds, poll, agentrun_settings.CANCEL_GRACE_SECONDS)
+        renew_every -= poll / 10  # a poll's wait ends a little late or early, never a poll's worth
         last_renew = time.monotonic()
         retry_now = False
         try:
