@@ -74,16 +74,18 @@ def test_thinking__blocks_go_back_unchanged_across_the_runs_of_a_conversation(me
     drive(first, claude)
     stored = first.turns.get(index=0).content[0]
     assert stored["type"] == "thinking" and stored["signature"]  # as the API signed it
-    Agent(name="chat", system="A new system prompt.", tools=list(get_agent("chat").tools.values()))
+    original = get_agent("chat")
+    Agent(name="chat", system="A new system prompt.", tools=list(original.tools.values()))
     try:
         second = send_message(conversation, "And now?")
         drive(second, claude)
-    finally:
+    finally:  # the agent as tests/testapp/agents.py defines it, its model included
         Agent(
             name="chat",
-            system="You are a chat agent.",
-            tools=list(get_agent("chat").tools.values()),
-            max_turns=6,
+            model=original.model,
+            system=original.system,
+            tools=list(original.tools.values()),
+            max_turns=original.max_turns,
         )
     # The conversation's snapshot, not the agent as registered now: the prefix holds.
     assert second.state == "completed", second.error_message
