@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if (args.prepare or args.prepared) and args.keep is None:
         parser.error("--prepare and --prepared need --keep DIR")
-    work = args.keep or Path(tempfile.mkdtemp(prefix="agentrun-release-"))
+    # Absolute: the installs run with the work directory as their current directory.
+    work = (args.keep or Path(tempfile.mkdtemp(prefix="agentrun-release-"))).resolve()
     work.mkdir(parents=True, exist_ok=True)
     record = work / "prepared.json"
     try:
