@@ -52,7 +52,9 @@ test:
 prebuild-django6:
 	flock $(VENV_DJANGO6).lock $(MAKE) --no-print-directory $(VENV_DJANGO6)/.installed
 
-RELEASE_WORK ?= artifacts/release-check
+# Outside the checkout: the fresh-project test checks that the app is imported from the
+# installed archive, not from this tree.
+RELEASE_WORK ?= /tmp/agentrun-release-$(shell printf %s "$(CURDIR)" | cksum | cut -d' ' -f1)
 prebuild-release: install
 	rm -rf $(RELEASE_WORK)
 	flock $(RELEASE_WORK).lock $(PYTHON) tools/release_check.py --python $(PYTHON313) \
