@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import Q
 
 from . import store, transitions, wakeups
@@ -62,14 +62,6 @@ KINDS = {
 
 # Leases a run may wait for a worker behind a backlog before its wake-up is sent again.
 BACKLOG_PATIENCE = 10
-
-
-def _locked(qs, batch: int) -> list[Run]:
-    if connection.features.has_select_for_update_skip_locked:
-        # The runs' rows first (store/locks.py), skipping those a worker or a person holds;
-        # each repair then changes that run's turns and calls.
-        qs = qs.select_for_update(skip_locked=True, no_key=True)
-    return list(qs[:batch])
 
 
 def reap(
@@ -169,7 +161,9 @@ def _each(report: ReapReport, dry_run: bool, kind: str, qs, batch: int, act) -> 
     seen: set[Any] = set()
     while True:
         with transaction.atomic():
-            runs = _locked(qs.exclude(pk__in=seen).order_by("pk"), batch)
+            # The runs' rows first (store/locks.py), skipping those a worker or a person
+            # holds; each repair then changes that run's turns and calls.
+            runs = store.lock_batch(qs.exclude(pk__in=seen).order_by("pk"), batch)
             for run in runs:
                 seen.add(run.pk)
                 finding = Finding(str(run.pk), kind, KINDS[kind])

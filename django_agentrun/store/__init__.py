@@ -2,15 +2,19 @@
 code that sends them. No policy, no Celery.
 
 - queries.sql / sql.py: the statements, complete and by name;
-- writes.py: a write (what one commit changes) and `send`, one statement on Postgres;
+- backend.py: the one interface (`Store`) and its choice per database alias, once;
+  postgres.py (the named statements; a write as one statement) and portable.py (the same
+  through the ORM, SQLite) implement it; `send` sends a write through it;
+- writes.py: a write (what one commit changes);
 - leases.py: claim (with the history; a follow-up's earlier runs' too), renew, poll,
   release, let run out, take over;
 - locks.py: row locks in the one lock order, and the errors of a lost race;
-- rows.py, clock.py: rows to statement values and back; the database's time.
+- rows.py, clock.py: rows back from statements; the database's time.
 """
 
 from __future__ import annotations
 
+from .backend import Store, chosen, send
 from .clock import database_now
 from .leases import (
     Claimed,
@@ -28,13 +32,15 @@ from .leases import (
 from .locks import (
     connection_lost,
     lock_active_runs,
+    lock_batch,
     lock_call,
     lock_conversation,
     lock_run,
     lost_race,
     sqlstate,
 )
-from .writes import FENCE_CONSTRAINT, Event, Lease, Write, refused, send
+from .postgres import FENCE_CONSTRAINT
+from .writes import Event, Lease, Write, refused
 
 __all__ = [
     "FENCE_CONSTRAINT",
@@ -42,7 +48,9 @@ __all__ = [
     "Earlier",
     "Event",
     "Lease",
+    "Store",
     "Write",
+    "chosen",
     "claim",
     "connection_lost",
     "database_now",
@@ -51,6 +59,7 @@ __all__ = [
     "expire_lease",
     "following_runs",
     "lock_active_runs",
+    "lock_batch",
     "lock_call",
     "lock_conversation",
     "lock_run",

@@ -3,19 +3,11 @@ Postgres: app servers' clocks differ. SQLite runs on the app's host; its time is
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 
-from django.db import connection
-from django.utils import timezone
-
-from .sql import sql
+from .backend import chosen
 
 
 def database_now() -> datetime:
     """The database's current time (one query on Postgres)."""
-    if connection.vendor != "postgresql":
-        return timezone.now()
-    with connection.cursor() as cursor:
-        cursor.execute(sql("database_now"))
-        value = cursor.fetchone()[0]
-    return value if timezone.is_aware(value) else timezone.make_aware(value, UTC)
+    return chosen().now()

@@ -21,6 +21,7 @@ from typing import Any
 from django.db import DatabaseError, InterfaceError, OperationalError
 
 from ..models import Conversation, Run, ToolCall
+from .backend import chosen
 
 # SQLSTATEs of a transaction Postgres rolled back to settle a race: retrying it is safe.
 DEADLOCK = "40P01"  # deadlock_detected
@@ -59,6 +60,12 @@ def lock_call(pk: Any) -> tuple[ToolCall, Run]:
         .get(pk=pk)
     )
     return call, run
+
+
+def lock_batch(queryset: Any, batch: int) -> list[Any]:
+    """Up to `batch` rows of `queryset` (the reaper's runs), locked first, skipping those a
+    worker or a person holds, where the database can (SQLite takes none: it has one writer)."""
+    return chosen().lock_batch(queryset, batch)
 
 
 def sqlstate(exc: BaseException) -> str | None:

@@ -1,67 +1,22 @@
-"""Rows to statement values and back, without the ORM's per-query compilation (the engine
-writes and reads a turn's rows every turn).
+"""Rows back from statements, without the ORM's per-query compilation (the engine reads a
+run's turns and calls at every claim).
 
-- `row_values` / `changes_values`: a model instance (or some of its fields) as the JSON the
-  `write` statement takes, through the same preparation a queryset applies;
 - `instances`: model instances from `SELECT *` / `RETURNING *` rows, through the fields'
-  and the backend's converters, matched by column name.
+  and the backend's converters, matched by column name;
+- `orm_rows`: a queryset's rows as a statement's (`Result`: column names, rows), for the
+  portable store.
+
+(A row as the JSON the `write` statement takes is postgres.py's.)
 """
 
 from __future__ import annotations
 
-import json
-from datetime import date, datetime
-from decimal import Decimal
 from typing import Any
-from uuid import UUID
 
-from django.db import connection, models
+from django.db import connection
 
-from ..fields import StorableJSONEncoder
-
-
-class _Encoder(StorableJSONEncoder):
-    """The storage rule's encoder, with full-precision times (Django's encoder cuts them
-    to milliseconds) and UUIDs as the text the columns take."""
-
-    def default(self, o: Any) -> Any:
-        if isinstance(o, datetime | date):
-            return o.isoformat()
-        if isinstance(o, UUID | Decimal):
-            return str(o)
-        return super().default(o)
-
-
-def dumps(value: Any) -> str:
-    """JSON for a statement parameter, by the storage rule (fields.py)."""
-    return json.dumps(value, cls=_Encoder, separators=(",", ":"))
-
-
-def _value(field: models.Field, obj: Any) -> Any:
-    value = getattr(obj, field.attname)
-    if isinstance(field, models.JSONField) or value is None:
-        return value
-    if isinstance(field, models.CharField | models.TextField | models.BooleanField):
-        return value
-    if isinstance(field, models.IntegerField | models.DecimalField | models.DateTimeField):
-        return value
-    return field.get_prep_value(value)
-
-
-def row_values(obj: Any) -> dict[str, Any]:
-    """Every column of `obj` but its primary key (a row to add)."""
-    return {f.attname: _value(f, obj) for f in type(obj)._meta.concrete_fields if not f.primary_key}
-
-
-def changes_values(model: type, changes: dict[str, Any]) -> dict[str, Any]:
-    """`changes` (field name -> value) keyed by column, as `write` takes them."""
-    out = {}
-    for name, value in changes.items():
-        field = model._meta.get_field(name)
-        if field.is_relation:
-            value = getattr(value, "pk", value)
-        out[field.attname] = value
-    return out
+# A statement's result: its column names and its rows.
+Result = tuple[tuple[str, ...], list[tuple]]
 
 
 _Plan = tuple[list[str], list[int], list[tuple[int, Any, list[Any]]]]
@@ -107,3 +62,13 @@ def instances(model: type, names: tuple[str, ...], rows: list[tuple]) -> list[An
 
 def column_names(cursor: Any) -> tuple[str, ...]:
     return tuple(d[0] for d in cursor.description)
+
+
+def orm_rows(queryset: Any, only: tuple[str, ...] | None = None) -> Result:
+    """The rows of `queryset` (all the model's columns, or those of the fields `only`)."""
+    fields = [f for f in queryset.model._meta.concrete_fields if only is None or f.name in only]
+    names = tuple(f.column for f in fields)
+    sql_text, params = queryset.values_list(*(f.attname for f in fields)).query.sql_with_params()
+    with connection.cursor() as cursor:
+        cursor.execute(sql_text, params)
+        return names, cursor.fetchall()

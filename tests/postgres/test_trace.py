@@ -15,7 +15,7 @@ from django.db import connection
 
 from django_agentrun import start_run
 from django_agentrun.engine import Outcome, advance, execution
-from django_agentrun.store import writes
+from django_agentrun.store import backend
 from django_agentrun.testing import ScriptedClient, reply, text, tool_use
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.one_driver]
@@ -46,7 +46,7 @@ class Trace:
                 self.active = True
         if not self.active:
             return
-        if event == "return" and code is writes.send.__code__:
+        if event == "return" and code is backend.send.__code__:
             self.active, self.done = False, True
             return
         if event != "call" or not code.co_filename.startswith(str(PACKAGE)):
