@@ -62,6 +62,9 @@ DEFAULTS: dict[str, Any] = {
     # The JSON file `manage.py agentrun_models refresh` writes the Models API's
     # capabilities to, and every process reads (None: the shipped table only).
     "MODELS_FILE": None,
+    # How often (seconds) a process looks at that file's mtime: the merged table is kept
+    # between looks, and merged again only when the file changed.
+    "MODELS_FILE_CHECK_SECONDS": 3.0,
     # Deprecated: per-model prices {model: {input, output, cache_write, cache_read}}; read
     # as AGENTRUN_MODELS = {model: {"prices": {...}}} (cache_write is the 5-minute price).
     "PRICES": {},

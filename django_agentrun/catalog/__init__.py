@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .overrides import CatalogError, catalog_errors, known_models, model_info
+from .overrides import CatalogError, catalog_errors, known_models, model_info, reset
 from .rules import RULES, Rule, applied
 from .table import SHIPPED, shipped_info
 from .vocabulary import (
@@ -57,6 +57,7 @@ __all__ = [
     "known_models",
     "model_info",
     "refusals",
+    "reset",
     "shipped_info",
 ]
 

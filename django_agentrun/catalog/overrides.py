@@ -1,6 +1,11 @@
 """The table as a host project runs it: the shipped entries, with the capabilities a
 refresh stored (AGENTRUN_MODELS_FILE) and AGENTRUN_MODELS / AGENTRUN_PRICES merged over
-them. Reads Django settings, lazily: importing this needs none."""
+them. Reads Django settings, lazily: importing this needs none.
+
+Merged once per process and model, kept until an AGENTRUN_* setting changes (Django's
+setting_changed; `reset`) or the file does: its mtime is looked at no more often than every
+AGENTRUN_MODELS_FILE_CHECK_SECONDS (time.monotonic). The checks (`catalog_errors`) merge
+afresh and look at the file each time."""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import json
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import fields
 from decimal import Decimal, InvalidOperation
@@ -184,25 +190,73 @@ def _couplings(value: Any, where: str) -> tuple[tuple[str, frozenset[str]], ...]
     return tuple(sorted(out))
 
 
-_file_cache: dict[str, Any] = {"key": None, "data": {}}
-_file_lock = threading.Lock()
+# What this process merged, and the state of the refreshed file it merged with. Guarded by
+# _lock (a worker's heartbeat thread may price a turn while the main thread asks).
+_lock = threading.RLock()
+_merged: dict[str, ModelInfo | None] = {}
+_file: dict[str, Any] = {}  # path, key (path, mtime, size), checked (monotonic), data, data_key
+_watching: list[bool] = []
 
 
-def _refreshed() -> dict[str, dict[str, Any]]:
-    """The capabilities `agentrun_models refresh` stored, re-read when the file changes."""
+def reset(**kwargs: Any) -> None:
+    """Forget what was merged and what the file held: the next lookup merges again."""
+    with _lock:
+        _merged.clear()
+        _file.clear()
+
+
+def _setting_changed(setting: str = "", **kwargs: Any) -> None:
+    if setting.startswith("AGENTRUN_"):
+        reset()
+
+
+def _watch_settings() -> None:
+    """Reset on any AGENTRUN_* setting change (override_settings, pytest's `settings`);
+    connected on first use, so that importing this needs no Django."""
+    if not _watching:
+        from django.core.signals import setting_changed
+
+        setting_changed.connect(_setting_changed, dispatch_uid="django_agentrun.catalog")
+        _watching.append(True)
+
+
+def _file_key(path: Any, *, fresh: bool = False) -> tuple[str, int, int] | None:
+    """(path, mtime, size) of the refreshed file, None without one: os.stat'ed at most every
+    AGENTRUN_MODELS_FILE_CHECK_SECONDS (`fresh`: now)."""
+    from ..conf import agentrun_settings
+
+    now = time.monotonic()
+    checked = _file.get("checked")
+    if (
+        not fresh
+        and _file.get("path") == path
+        and checked is not None
+        and now - checked < float(agentrun_settings.MODELS_FILE_CHECK_SECONDS)
+    ):
+        return _file["key"]
+    try:
+        stat = os.stat(path)
+    except FileNotFoundError:
+        key = None
+    else:
+        key = (str(path), stat.st_mtime_ns, stat.st_size)
+    _file.update(path=path, key=key, checked=now)
+    return key
+
+
+def _refreshed(*, fresh: bool = False) -> dict[str, dict[str, Any]]:
+    """The capabilities `agentrun_models refresh` stored, read again when the file changed."""
     from ..conf import agentrun_settings
 
     path = agentrun_settings.MODELS_FILE
     if not path:
         return {}
-    try:
-        stat = os.stat(path)
-    except FileNotFoundError:
-        return {}
-    key = (str(path), stat.st_mtime_ns, stat.st_size)
-    with _file_lock:
-        if _file_cache["key"] == key:
-            return _file_cache["data"]
+    with _lock:
+        key = _file_key(path, fresh=fresh)
+        if key is None:
+            return {}
+        if _file.get("data_key") == key:
+            return _file["data"]
         try:
             with open(path, encoding="utf-8") as fh:
                 payload = json.load(fh)
@@ -211,8 +265,7 @@ def _refreshed() -> dict[str, dict[str, Any]]:
         data = payload.get("models", {}) if isinstance(payload, dict) else None
         if not isinstance(data, dict):
             raise CatalogError(f"AGENTRUN_MODELS_FILE {path}: expected {{'models': {{...}}}}")
-        _file_cache["key"] = key
-        _file_cache["data"] = data
+        _file.update(data_key=key, data=data)
         return data
 
 
@@ -237,8 +290,28 @@ def _legacy_prices() -> dict[str, dict[str, Any]]:
 
 
 def _effective(model: str, *, strict: bool = False) -> ModelInfo | None:
-    """`strict`: a refreshed file that cannot be read or merged is an error (the check);
-    otherwise it is logged and skipped, so a turn never fails on it."""
+    """`model`'s merged entry, kept (see the module's docstring). `strict` (the check): merged
+    afresh, and a refreshed file that cannot be read or merged is an error; otherwise it is
+    logged and skipped, so a turn never fails on it."""
+    if strict:
+        return _merge_model(model, strict=True)
+    from ..conf import agentrun_settings
+
+    with _lock:
+        _watch_settings()
+        path = agentrun_settings.MODELS_FILE
+        key = _file_key(path) if path else None
+        if _file.get("merged_with", key) != key:
+            _merged.clear()  # the file changed: merge again
+        _file["merged_with"] = key
+        if model in _merged:
+            return _merged[model]
+        info = _merge_model(model, strict=False)
+        _merged[model] = info
+        return info
+
+
+def _merge_model(model: str, *, strict: bool) -> ModelInfo | None:
     from ..conf import agentrun_settings
 
     overrides = agentrun_settings.MODELS or {}
@@ -253,7 +326,7 @@ def _effective(model: str, *, strict: bool = False) -> ModelInfo | None:
         # A model the host project adds: its own entry first, then what a refresh knows.
         info = _merge(None, key, overrides[key], f"AGENTRUN_MODELS[{key!r}]")
     try:
-        refreshed = _refreshed().get(key)
+        refreshed = _refreshed(fresh=strict).get(key)
         if refreshed is not None and info is not None:
             info = _merge(info, key, refreshed, f"AGENTRUN_MODELS_FILE[{key!r}]")
     except CatalogError as exc:

@@ -49,6 +49,7 @@ def test_refresh__stores_the_models_apis_capabilities_where_workers_read_them(
     api, settings, tmp_path
 ):
     settings.AGENTRUN_MODELS_FILE = str(tmp_path / "models.json")
+    settings.AGENTRUN_MODELS_FILE_CHECK_SECONDS = 0  # look at the file at every lookup
     out = run("refresh", "--api-key", "k", "--base-url", api.base_url)
     assert "Refreshed 19 models" in out
     stored = json.loads((tmp_path / "models.json").read_text())

@@ -204,6 +204,7 @@ class Command(BaseCommand):
             "lifecycle": {m["id"]: m.get("lifecycle") for m in listed if m.get("id")},
         }
         _write_atomically(Path(path), payload)
+        catalog.reset()  # this process sees it at once; the others at their next look
         self.stdout.write(f"Refreshed {len(models)} models into {path}.")
         if unpriced:
             self.stdout.write(
