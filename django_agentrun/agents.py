@@ -22,6 +22,7 @@ from .agent_options import (
 )
 from .conf import agentrun_settings
 from .exceptions import ConfigurationError, InvalidOption, UnknownAgent
+from .runconfig import RunConfig
 from .servertools import ContextStrategy, check_server_tools, context_params
 from .tools import Tool
 
@@ -149,6 +150,10 @@ class Agent:
         """Whether its runs may wait for a person (a tool that may need approval)."""
         return any(t.requires_approval is not False for t in self.tools.values())
 
+    def run_config(self, overrides: Mapping[str, Any] | None = None) -> RunConfig:
+        """The configuration a run of it with these options has, as the code reads it."""
+        return RunConfig.of(self.snapshot(overrides))
+
     def snapshot(self, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """The configuration a run keeps, so later code changes don't alter its limits.
 
@@ -212,18 +217,17 @@ class Agent:
         }
 
 
-def agent_request_params(agent_or_config: Agent | Mapping[str, Any]) -> dict[str, Any]:
+def agent_request_params(
+    agent_or_config: Agent | RunConfig | Mapping[str, Any],
+) -> dict[str, Any]:
     """The Messages API params a run of an agent (or of a run's config snapshot) sends
     beside its messages: model, max_tokens, system, tools and the options, what
     `catalog.refusals(model, params)` checks (at manage.py check and at start_run)."""
-    config = agent_or_config.snapshot() if isinstance(agent_or_config, Agent) else agent_or_config
-    params: dict[str, Any] = {"model": config["model"], "max_tokens": config["max_tokens"]}
-    if config.get("system"):
-        params["system"] = config["system"]
-    if config.get("tools"):
-        params["tools"] = list(config["tools"])
-    params.update(config.get("options") or {})
-    return params
+    if isinstance(agent_or_config, Agent):
+        return agent_or_config.run_config().request_params()
+    if isinstance(agent_or_config, RunConfig):
+        return agent_or_config.request_params()
+    return RunConfig.of(agent_or_config).request_params()
 
 
 def owner_user_id(owner: Any) -> str | None:

@@ -20,12 +20,12 @@ def request_params(agent: Any) -> dict[str, Any]:
     build = getattr(agents, "agent_request_params", None)
     if build is not None:
         return dict(build(agent))
-    snapshot = agent.snapshot()
+    config = agent.run_config()
     return {
-        "model": snapshot["model"],
-        "max_tokens": snapshot["max_tokens"],
-        "system": snapshot["system"],
-        "tools": snapshot["tools"],
+        "model": config.model,
+        "max_tokens": config.max_tokens,
+        "system": config.system,
+        "tools": config.tools,
     }
 
 

@@ -116,20 +116,20 @@ def new_turn(step: Step) -> Commit | Turn:
         if store.earlier_version(run) != step.earlier_version:
             step.load_earlier(store.earlier_history(run))
     answered = sum(1 for t in step.turns if t.content is not None)
-    max_turns = config.get("max_turns") or agentrun_settings.DEFAULT_MAX_TURNS
+    max_turns = config.max_turns
     if answered >= max_turns:
         write = step.write()
         endings.complete(step, write, "max_turns")
         return Commit(write, Then.FINISH)
-    budget = config.get("budget") or {}
+    budget = config.budget
     if budget:
         breach = guards.check_budget(
             budget,
-            model=config["model"],
+            model=config.model,
             totals=run.usage(),
             cost_usd=run.cost_usd,
             next_prompt_tokens=_estimate_next_prompt(step),
-            max_tokens=config.get("max_tokens") or agentrun_settings.DEFAULT_MAX_TOKENS,
+            max_tokens=config.max_tokens,
             # The last answer ran US-only (a workspace default, say): the next one will too.
             us_only=any(
                 (t.usage_details or {}).get("inference_geo") == "us" for t in step.turns[-1:]
@@ -151,9 +151,7 @@ def _estimate_next_prompt(step: Step) -> int:
         run = step.run
         # The whole history the first request sends: a conversation's earlier runs too.
         messages = build_messages(run.input, [], context=run.context, earlier=step.earlier)
-        return guards.estimate_tokens(
-            [step.config.get("system", ""), step.config.get("tools", []), messages]
-        )
+        return guards.estimate_tokens([step.config.system, step.config.tools, messages])
     last = answered[-1]
     # The results as the model will see them (media priced as the API bills it).
     added = sum(

@@ -103,7 +103,7 @@ def complete(
     if refusal is not None:
         output["refusal"] = refusal
     parsed = None
-    schema = ((step.config.get("options") or {}).get("output_config") or {}).get("format")
+    schema = step.config.output_format
     if schema and refusal is None:
         parsed, problem = structured(output["text"], schema["schema"], stop_reason)
         if problem:
@@ -159,7 +159,7 @@ def park_for_approval(
     if not already:
         timeout = (
             tool.approval_timeout.total_seconds() if tool and tool.approval_timeout else None
-        ) or step.config.get("approval_timeout_seconds")
+        ) or step.config.approval_timeout_seconds
         payload = {
             "tool": call.name,
             "description": tool.description if tool else "",

@@ -9,7 +9,6 @@ from typing import Any
 
 from django.utils import timezone
 
-from ..conf import agentrun_settings
 from ..events import payloads
 from ..models import ToolCall, Turn, idempotency_key_for
 from ..states import ResultSource, SideEffect, ToolCallState
@@ -33,9 +32,9 @@ def intents(
 ) -> list[ToolCall]:
     """The calls of `turn`, built (added with the answer); their events recorded."""
     config, run = step.config, step.run
-    cap = config.get("max_tool_calls_per_turn") or agentrun_settings.DEFAULT_MAX_TOOL_CALLS_PER_TURN
-    threshold = config.get("repeat_threshold") or agentrun_settings.REPEAT_THRESHOLD
-    window = config.get("repeat_window") or agentrun_settings.REPEAT_WINDOW
+    cap = config.max_tool_calls_per_turn
+    threshold = config.repeat_threshold
+    window = config.repeat_window
     history = [c.arguments_hash for c in step.all_calls()]
     calls: list[ToolCall] = []
     now = timezone.now()

@@ -67,16 +67,14 @@ def ask(step: Step, turn: Turn) -> Commit:
 
 def request(step: Step, turn: Turn) -> ModelRequest:
     config = step.config
-    system = config.get("system") or []
-    if isinstance(system, str):
-        system = [{"type": "text", "text": system}]
+    system = config.system_blocks
     run = step.run
     records = _records(step)
     origins: dict[int, tuple[dict[str, Any], TurnRecord]] = {}
     messages = build_messages(
         run.input, records, context=run.context, earlier=step.earlier, origins=origins
     )
-    options = dict(config.get("options") or {})
+    options = dict(config.options)
     tool_choice = options.pop("tool_choice", None)
     if records and records[-1].cut_off:
         add_user(messages, user_message(CONTINUE_NOTICE))  # continue_on_max_tokens
@@ -89,25 +87,25 @@ def request(step: Step, turn: Turn) -> ModelRequest:
         # tools) must be what they were when any thinking block of the history was made.
         close_paused(messages)  # a paused turn is not continued: the notice follows it
         add_user(messages, user_message(guards.FINAL_TURN_NOTICE))
-        tool_choice = {"type": "none"} if config.get("tools") else None
-    if not config.get("tools"):
+        tool_choice = {"type": "none"} if config.tools else None
+    if not config.tools:
         tool_choice = None  # the API refuses a tool_choice without tools
-    tools = list(config.get("tools") or [])
+    tools = list(config.tools)
     messages = keep_valid_thinking(
-        messages, origins, model=config["model"], system=system, tools=tools
+        messages, origins, model=config.model, system=system, tools=tools
     )
     return ModelRequest(
-        model=config["model"],
+        model=config.model,
         messages=messages,
-        max_tokens=config.get("max_tokens") or agentrun_settings.DEFAULT_MAX_TOKENS,
+        max_tokens=config.max_tokens,
         system=system,
         tools=tools,
         tool_choice=tool_choice,
-        cache_prefix=bool(config.get("prompt_caching", True)),
-        cache_ttl=config.get("cache_ttl") or "5m",
-        context_management=config.get("context_management"),
+        cache_prefix=config.prompt_caching,
+        cache_ttl=config.cache_ttl,
+        context_management=config.context_management,
         stop_sequences=list(options.pop("stop_sequences", None) or ()),
-        metadata=dict(config.get("metadata") or {}),
+        metadata=dict(config.metadata),
         options=options,
     )
 
@@ -187,7 +185,7 @@ def record(step: Step, turn: Turn, response: ModelResponse, retries: int) -> Com
     content = sanitize_content(response.content)
     usage = response.usage.as_dict()
     billed = response.usage.as_billed()  # with cache writes by TTL and server tool use
-    cost = guards.cost_of(step.config["model"], billed)
+    cost = guards.cost_of(step.config.model, billed)
     stop = response.stop_reason or ""
     blocks = [b for b in content if b.get("type") == "tool_use"]
     truncated_id = (
@@ -268,7 +266,7 @@ def _then(
         step.turns_done += 1
         endings.complete(step, write, "max_turns")
         return Then.FINISH
-    continued = stop == "max_tokens" and step.config.get("continue_on_max_tokens")
+    continued = stop == "max_tokens" and step.config.continue_on_max_tokens
     if stop in ("pause_turn", "compaction") or continued:
         # The API paused its own loop (server tools) or stopped after compacting: the next
         # turn sends this content back as the last message and the API goes on from it.

@@ -23,6 +23,7 @@ from ..agents import Agent
 from ..clients import ModelClient, get_model_client
 from ..conf import agentrun_settings
 from ..models import Run, ToolCall, Turn
+from ..runconfig import RunConfig
 from ..store import Earlier, Lease, Write
 from ..tools import Tool, ToolContext
 from .history import Segment, TurnRecord
@@ -93,6 +94,7 @@ class Step:
         self.owner = owner
         self.abort = abort
         self._client = client
+        self._config: tuple[Any, RunConfig] | None = None  # (the stored form, its RunConfig)
         self.settle_only = settle_only  # the reaper's step: the recovery policy only
         self.steal_from = steal_from
         self.lease: Lease | None = None
@@ -114,8 +116,12 @@ class Step:
     # -- reading -------------------------------------------------------------------------
 
     @property
-    def config(self) -> dict[str, Any]:
-        return self.run.config
+    def config(self) -> RunConfig:
+        """The run's configuration, built once per run row read (a claim)."""
+        stored = self.run.config
+        if self._config is None or self._config[0] is not stored:
+            self._config = (stored, RunConfig.of(stored))
+        return self._config[1]
 
     @property
     def client(self) -> ModelClient:

@@ -27,6 +27,7 @@ from ..events import payloads
 from ..exceptions import ConversationBusy, IdempotencyConflict, InvalidInput
 from ..fields import check_json, check_text
 from ..models import Conversation, Run, RunEvent
+from ..runconfig import RunConfig
 from ..states import RUN_ACTIVE, ConversationPolicy
 from .retrying import retry_lost_race
 from .runs import (
@@ -134,7 +135,7 @@ def send_message(
         get_agent(conversation.agent)  # its tools must still be there to run
         # Its options are fixed at its start (with thinking between_tools the effort may
         # not change within a conversation); a snapshot the model now refuses is a 400.
-        check_refusals(conversation.config or {}, f"Conversation {conversation.pk}")
+        check_refusals(conversation.config, f"Conversation {conversation.pk}")
         # The lock order (store/locks.py): the conversation, then its runs by position.
         active = store.lock_active_runs(conversation, RUN_ACTIVE)
         if active and chosen == ConversationPolicy.REJECT:
@@ -182,7 +183,7 @@ def _new_run(
     request_hash: str = "",
 ) -> Run:
     last = conversation.runs.aggregate(last=Max("conversation_position"))["last"]
-    limit = (conversation.config or {}).get("deadline_seconds")
+    limit = RunConfig.of(conversation.config).deadline_seconds
     run = Run.objects.create(
         agent=conversation.agent,
         input=input,

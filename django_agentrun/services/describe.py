@@ -6,12 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 from ..agents import registered_agents
+from ..runconfig import RunConfig
 
 
 def tool_definition(run: Any, name: str) -> dict[str, Any]:
     """The tool `name` as the run's configuration snapshot declares it (name, description,
     input schema); from the agent as registered now for runs without one; {} if neither."""
-    for definition in (run.config or {}).get("tools") or ():
+    for definition in RunConfig.of(run.config).tools:
         if isinstance(definition, dict) and definition.get("name") == name:
             return definition
     agent = registered_agents().get(run.agent)

@@ -27,6 +27,7 @@ from ..engine.guards import cost_of
 from ..events import EventType, payloads
 from ..exceptions import InvalidInput, InvalidTransition
 from ..models import Run, RunEvent, ToolCall, Turn, idempotency_key_for
+from ..runconfig import RunConfig
 from ..states import TurnState
 from .retrying import retry_lost_race
 from .runs import check_refusals
@@ -130,7 +131,7 @@ def fork_run(run: Run | Any, *, at_turn: int, by: Any = None) -> Run:
                 f"Run {original.pk} cannot be forked at turn {at_turn}: {point.reason}."
             )
         # The same rules as a new run: a snapshot the model now refuses is a 400 here.
-        check_refusals(original.config or {}, f"Run {original.pk}")
+        check_refusals(original.config, f"Run {original.pk}")
         fork = _copy(original, at_turn, by)
         transaction.on_commit(lambda: wakeups.send(fork.pk))
     logger.info(
@@ -163,7 +164,8 @@ def _copy(original: Run, at_turn: int, by: Any) -> Run:
     calls = list(
         original.tool_calls.filter(turn_index__lt=at_turn).order_by("turn_index", "position")
     )
-    model = (original.config or {}).get("model", "")
+    config = RunConfig.of(original.config)
+    model = config.model
     recorded = _recorded_responses(original, at_turn)
     # Each turn costs what was recorded when it was answered (its usage as the API sent
     # it, cache writes by TTL and server tool use included); priced again only without one.
@@ -174,7 +176,7 @@ def _copy(original: Run, at_turn: int, by: Any) -> Run:
         for t in turns
     }
     billed = {i: r[0][0] for i, r in recorded.items() if len(r) == 1}
-    limit = (original.config or {}).get("deadline_seconds")
+    limit = config.deadline_seconds
     now = timezone.now()
     fork = Run(
         agent=original.agent,

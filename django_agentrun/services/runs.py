@@ -14,7 +14,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from .. import catalog, store, transitions, wakeups
-from ..agents import Agent, agent_request_params, get_agent, owner_user_id
+from ..agents import Agent, get_agent, owner_user_id
 from ..content import BLOCK_TYPES, has_cache_control, validate_blocks
 from ..events import payloads
 from ..exceptions import (
@@ -28,6 +28,7 @@ from ..exceptions import (
 )
 from ..fields import StorableJSONEncoder, check_json, check_text, unsendable
 from ..models import Run, RunEvent
+from ..runconfig import RunConfig
 from ..states import RunState
 from ..store import database_now
 from .retrying import retry_lost_race
@@ -95,14 +96,15 @@ def run_config(
     return config
 
 
-def check_refusals(config: dict[str, Any], who: str) -> None:
+def check_refusals(stored: dict[str, Any] | None, who: str) -> None:
     """OptionRefused (a 400 naming the option, the value and the model) when the model of a
     configuration snapshot refuses what its requests would send: the same rules
     (catalog.RULES) as manage.py check and the Messages API stand-in, applied before a run
     is queued (a new run, a fork, a conversation message), never left to turn 1 or turn 30."""
-    if not config.get("model") or not config.get("max_tokens"):
+    config = RunConfig.of(stored)
+    if not config.model:
         return
-    refused = catalog.refusals(config["model"], agent_request_params(config))
+    refused = catalog.refusals(config.model, config.request_params())
     if refused:
         raise OptionRefused(f"{who}: " + "; ".join(refused) + ".")
 
@@ -274,7 +276,7 @@ def resume_run(run: Run | Any, *, by: Any = None) -> Run:
         run = store.lock_run(getattr(run, "pk", run))
         if run.conversation_id is not None:
             _resumable_in_conversation(run)
-        check_refusals(run.config or {}, f"Run {run.pk}")  # as a new run, before it is queued
+        check_refusals(run.config, f"Run {run.pk}")  # as a new run, before it is queued
         now = timezone.now()
         fields: dict[str, Any] = {
             "error_code": "",
@@ -320,8 +322,9 @@ def _resumable_in_conversation(run: Run) -> None:
 def _agent_deadline_seconds(run: Run) -> float | None:
     """The agent's time limit for a run, from its configuration snapshot (runs created
     before it was snapshotted: the agent as registered now)."""
-    if "deadline_seconds" in (run.config or {}):
-        return run.config["deadline_seconds"]
+    config = RunConfig.of(run.config)
+    if config.deadline_snapshotted:
+        return config.deadline_seconds
     try:
         deadline = get_agent(run.agent).deadline
     except UnknownAgent:

@@ -11,6 +11,7 @@ from rest_framework import serializers
 
 from ...agents import registered_agents
 from ...models import Conversation
+from ...runconfig import RunConfig
 from ...states import ConversationPolicy, ConversationStatus
 from .fields import ObjectField, RunInputField, StateField, StorableCharField
 from .requests import IDEMPOTENCY_HEADER, IdempotencyKeyMixin
@@ -105,7 +106,7 @@ class ConversationSerializer(serializers.ModelSerializer):
 
     @extend_schema_field(OpenApiTypes.STR)
     def get_model(self, conversation: Conversation) -> str:
-        return (conversation.config or {}).get("model", "")
+        return RunConfig.of(conversation.config).model
 
 
 class ConversationDetailSerializer(ConversationSerializer):

@@ -18,6 +18,7 @@ from ... import services
 from ...events import public_payload, shown_content, thinking_text
 from ...models import Run, RunEvent, ToolCall, Turn
 from ...permissions import can_decide
+from ...runconfig import RunConfig
 from ...servertools import server_tool_uses
 from ...states import RunState, ToolCallState, TurnState
 from .fields import StateField
@@ -297,7 +298,7 @@ class RunDetailSerializer(RunSerializer):
 
     @extend_schema_field(OpenApiTypes.STR)
     def get_model(self, run: Run) -> str:
-        return (run.config or {}).get("model", "")
+        return RunConfig.of(run.config).model
 
     @extend_schema_field(PendingDecisionSerializer(many=True))
     def get_pending_decisions(self, run: Run) -> list[dict[str, Any]]:
