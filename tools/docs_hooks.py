@@ -1,4 +1,5 @@
-"""MkDocs hooks of the docs site (mkdocs.yml `hooks:`): the REST API's OpenAPI document.
+"""MkDocs hooks of the docs site (mkdocs.yml `hooks:`): the README's quick start as a page,
+and the REST API's OpenAPI document.
 
 At each build, `manage.py spectacular` on the example project writes the API's schema (with
 the settings of the API's own schema view, tools/openapi_settings.py, so it is the document
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -96,9 +98,18 @@ def operations_page(schema: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def quickstart_page() -> str:
+    """The README's quick start, one source for both (its links made relative to docs/)."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("\n## Quick start\n", 1)[1].split("\n## ", 1)[0]
+    section = re.sub(r"\]\(docs/", "](", section)
+    return "# Quick start\n" + section
+
+
 def on_files(files: Files, config: Any) -> Files:
     schema = openapi_schema()
     generated = {
+        "quickstart.md": quickstart_page(),
         "reference/openapi.json": json.dumps(schema, indent=2),
         "reference/openapi.yaml": yaml.safe_dump(schema, sort_keys=False, allow_unicode=True),
         "reference/openapi.md": operations_page(schema),
