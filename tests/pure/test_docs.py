@@ -51,7 +51,7 @@ def test_signals_reference__names_every_signal():
 
 @pytest.mark.parametrize("sample", python_samples(), ids=str)
 def test_python_samples__parse(sample):
-    ast.parse(sample.code, filename=str(sample))
+    assert ast.parse(sample.code, filename=str(sample)).body, f"{sample} is empty"
 
 
 def test_samples__every_marker_is_read():
