@@ -14,7 +14,7 @@ PYTHON313 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.13*/bin/python3.13
 VENV_DJANGO6 ?= .venv-django6
 
 # `make test`: each stage in turn, timed; the first that fails stops the run.
-TEST_STAGES = lint checks test-sqlite test-postgres test-postgres-ssb test-postgres-psycopg2 \
+TEST_STAGES = lint checks docs test-sqlite test-postgres test-postgres-ssb test-postgres-psycopg2 \
 	test-pgbouncer test-django-pool test-node test-browser test-django6 test-browser-django6 \
 	test-release
 # The browser tier's Chromium: Debian's package (Playwright's own download cannot be used here).
@@ -28,7 +28,7 @@ CHROMIUM ?= /usr/bin/chromium
 $(VENV)/.installed: pyproject.toml
 	test -x $(PYTHON) || python3 -m venv $(VENV)
 	$(PYTHON) -m pip install -q --upgrade pip
-	$(PYTHON) -m pip install -q -e ".[test]"
+	$(PYTHON) -m pip install -q -e ".[test,docs]"
 	touch $@
 
 install: $(VENV)/.installed
@@ -198,9 +198,22 @@ test-release: install
 	  DATABASE_URL=$(PG_URL) $(PYTHON) tools/release_check.py --python $(PYTHON313); \
 	fi
 
+# The docs site (mkdocs.yml) into site/, strict: a broken link, a missing page or anchor, a
+# docstring mkdocstrings cannot read or an OpenAPI warning fails the build.
+.PHONY: docs
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(PYTHON) -m mkdocs build --strict --quiet
+
 # The seed's scenario with real processes; SQLite and a server-less broker unless told otherwise.
-demo: install
-	$(PYTHON) manage.py agentrun_demo
+# Its own small virtualenv: the package and what the example project needs, no test tooling.
+DEMO_VENV ?= .venv-demo
+$(DEMO_VENV)/.installed: pyproject.toml
+	test -x $(DEMO_VENV)/bin/python || python3 -m venv $(DEMO_VENV)
+	$(DEMO_VENV)/bin/python -m pip install -q -e .
+	touch $@
+
+demo: $(DEMO_VENV)/.installed
+	$(DEMO_VENV)/bin/python manage.py agentrun_demo
 
 # The example chat page at http://127.0.0.1:8000/chat/ (user demo, password demo): uvicorn
 # and a Celery worker on Redis (CHAT_ARGS="--redis-url redis://host:6379/0 --port 8001").

@@ -2,7 +2,7 @@
 connection pooler, the broker's visibility timeout against the longest task, and settings
 that no longer do anything. Read from settings only: no connection is opened.
 
-docs/deploy.md explains each finding.
+docs/how-to/deploy.md explains each finding.
 """
 
 from __future__ import annotations

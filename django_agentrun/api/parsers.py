@@ -1,5 +1,5 @@
 """What the API accepts as input: JSON bodies and query parameters every supported
-database can store, the same way on each (docs/durability.md).
+database can store, the same way on each (docs/explanation/durability.md).
 
 Inside JSON values, NUL and unpaired surrogates are stored faithfully (the storage rule
 of `django_agentrun.fields`); text columns refuse them (serializer fields and the

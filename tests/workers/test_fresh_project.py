@@ -1,13 +1,13 @@
-"""A new user's first hour, from the README alone.
+"""A new user's first hour, from the tutorial alone (docs/tutorial/first-agent.md).
 
 In a temporary directory: `django-admin startproject mysite`, `manage.py startapp myapp`,
-then the README's marked snippets (`<!-- file: PATH -->` writes a file, `<!-- append: PATH -->`
+then the tutorial's marked snippets (`<!-- file: PATH -->` writes a file, `<!-- append: PATH -->`
 appends to one) and only these test-specific settings on top: the database (a Postgres
 database of its own, dropped afterwards), Redis db 11, a queue of the test's own and a
 one-second reaper period. Then `migrate`, `check`, the stand-in from its command line
-with the README's script, a worker and beat from the README's commands, and one run
+with the tutorial's script, a worker and beat from the tutorial's commands, and one run
 started and approved through the API, and the admin's pages. Also: `check` names each
-README step that is missing, and the README's offline test passes in the project.
+tutorial step that is missing, and the tutorial's offline test passes in the project.
 
 The project's processes run on AGENTRUN_TEST_PROJECT_PYTHON when it is set: a virtualenv
 with the built wheel or sdist installed (tools/release_check.py, `make test-release`), so
@@ -39,6 +39,8 @@ from django.db import connection
 from tests.processes import REDIS_URL, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
+# The page whose marked snippets build the project (the README's quick start has its own test).
+TUTORIAL = ROOT / "docs" / "tutorial" / "first-agent.md"
 # Not resolved: a virtualenv's python is a symlink, and its bin/ holds `celery`, `django-admin`.
 PYTHON = os.environ.get("AGENTRUN_TEST_PROJECT_PYTHON") or sys.executable
 BIN = Path(PYTHON).parent
@@ -64,7 +66,7 @@ class Snippet:
 
 def readme_snippets() -> list[Snippet]:
     found = []
-    for m in SNIPPET.finditer((ROOT / "README.md").read_text()):
+    for m in SNIPPET.finditer(TUTORIAL.read_text()):
         found.append(Snippet(m["kind"], m["target"], textwrap.dedent(m["body"]) + "\n"))
     return found
 

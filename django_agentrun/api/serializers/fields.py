@@ -48,7 +48,7 @@ def _storable(value: str) -> None:
 
 class StorableCharField(serializers.CharField):
     """A request's text field: it goes to a text column, which cannot hold NUL or unpaired
-    surrogates on every database (JSON fields can: docs/durability.md)."""
+    surrogates on every database (JSON fields can: docs/explanation/durability.md)."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -78,7 +78,7 @@ def json_problem(value: Any) -> str | None:
 
 class StorableJSONField(serializers.JSONField):
     """A request's JSON value: no NUL and no unpaired surrogate in any string, keys
-    included. Stored values may hold them (tool output: docs/durability.md); what people
+    included. Stored values may hold them (tool output: docs/explanation/durability.md); what people
     send does not, so every screen that shows it can."""
 
     def to_internal_value(self, data: Any) -> Any:
