@@ -47,7 +47,7 @@ DEFAULTS: dict[str, Any] = {
     "MODEL_RETRY_BASE_SECONDS": 1.0,
     "MODEL_RETRY_MAX_SECONDS": 30.0,
     # Defaults for agents that do not say otherwise.
-    # A current model of the table (django_agentrun/catalog/; README "Models and prices").
+    # A current model of the table (django_agentrun/catalog/; docs/reference/models.md).
     "DEFAULT_MODEL": "claude-sonnet-5-5",
     "DEFAULT_MAX_TOKENS": 4096,
     "DEFAULT_MAX_TURNS": 20,

@@ -35,7 +35,7 @@ def table_messages() -> list[checks.CheckMessage]:
         checks.Error(
             message,
             hint="AGENTRUN_MODELS = {model id: {field: value}} merges over the shipped "
-            "entry; a new id names every field or 'like' a shipped model (README, Models).",
+            "entry; a new id names every field or 'like' a shipped model (docs/reference/models.md).",
             id="agentrun.E020",
         )
         for message in catalog.catalog_errors()

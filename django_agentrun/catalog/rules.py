@@ -5,7 +5,7 @@ rules to one request's params, reading each model's entry (table.py) for its val
 
 Both sides read these: the app before a run starts (manage.py check, start_run, a fork, a
 conversation message) and the Messages API stand-in on every request, so a refusal the app
-predicts is the refusal the stand-in makes. README "What the API refuses, and what the app
+predicts is the refusal the stand-in makes. docs/reference/models.md "What the API refuses, and what the app
 does about it" is generated from RULES (tests/pure/test_rules.py keeps it in step).
 """
 
@@ -340,7 +340,7 @@ def applied(info: ModelInfo, params: Mapping[str, Any]) -> list[tuple[Rule, str]
 
 
 def readme_table() -> str:
-    """The README table "What the API refuses, and what the app does about it": one row a
+    """The docs table (docs/reference/models.md) "What the API refuses, and what the app does about it": one row a
     rule, UNSOURCED where the stored docs do not say (a row added to RULES shows up here)."""
     rows = [
         "| rule | what the API refuses | source | what the app does |",
@@ -354,7 +354,7 @@ def readme_table() -> str:
 
 
 def unsourced_values(table: Mapping[str, ModelInfo]) -> str:
-    """The README list of the model table's values the stored docs do not give, by model."""
+    """The docs list (docs/reference/models.md) of the model table's values the stored docs do not give, by model."""
     lines = [
         f"- `{info.id}`: {', '.join(f'`{f}`' for f in sorted(info.unsourced))}"
         for info in sorted({i.id: i for i in table.values()}.values(), key=lambda i: i.id)

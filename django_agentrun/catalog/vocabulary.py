@@ -70,7 +70,7 @@ class Prices:
     web_fetch_per_1k: Decimal = D(0)
     # Code execution: $0.05 per container hour past the free hours a month
     # (pricing page). The response's usage carries no container time, so cost_of
-    # cannot bill it per response; see README "Pricing".
+    # cannot bill it per response; see docs/reference/models.md.
     code_execution_per_hour: Decimal = D("0.05")
 
     def for_prompt(self, prompt_tokens: int) -> Prices:

@@ -1,5 +1,5 @@
 """Row locks, taken in one order by every path that locks more than one row, and the
-database errors that a lost race can still raise (docs/durability.md, "Lock order").
+database errors that a lost race can still raise (docs/explanation/durability.md, "Lock order").
 
 THE LOCK ORDER: conversation -> its runs (by conversation_position) -> one run -> its turns
 -> its tool calls. A path locks a parent before any of its children and never waits for a

@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.one_driver]
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "django_agentrun"
-LAYOUT = ROOT / "docs" / "layout.md"
+LAYOUT = ROOT / "docs" / "explanation" / "layout.md"
 STATED = re.compile(
     r"(?P<files>\d+)\s+files,\s+(?P<functions>\d+)\s+functions\s+and\s+(?P<jumps>\d+)\s+"
     r"jumps\s+between\s+modules"
