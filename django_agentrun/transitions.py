@@ -6,7 +6,7 @@ field any other way."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any
 
@@ -16,7 +16,7 @@ from . import signals, wakeups
 from .content import StoredResult
 from .events import EventType, payloads
 from .fields import storable_text
-from .models import Run, ToolCall, Turn
+from .models import Run, RunEvent, ToolCall, Turn
 from .moves import move
 from .outcomes import Outcome, call_key
 from .states import ResultSource, RunState, ToolCallState, TurnState
@@ -184,15 +184,18 @@ def answer_turn(
     write: Write,
     turn: Turn,
     answer: dict[str, Any],
-    response_event: payloads.Event,
+    answered: Callable[..., payloads.Event],
     calls: list[ToolCall],
     *,
+    run: Run | None = None,
     discarded: bool = False,
 ) -> None:
     """The model's answer: the turn with its content and usage (added now, with
     turn_started, unless an earlier claim wrote it), its tool calls, then awaiting_tool
-    (some calls open) or completed. A `discarded` answer (unusable) leaves the turn open
-    for the failure that follows."""
+    (some calls open; `run`, when given, waits for them too) or completed. `answered`
+    builds the model_response event from what the answer leaves the turn and the run in
+    (payloads.model_response's keywords). A `discarded` answer (unusable) leaves the turn
+    open for the failure that follows."""
     if turn.pk is None:
         for name, value in answer.items():
             setattr(turn, name, value)
@@ -200,18 +203,21 @@ def answer_turn(
         write.record(payloads.turn_started(turn))
     else:
         write.change(turn, turn.state, **answer)
-    write.record(response_event)
     if discarded:
+        write.record(answered(discarded=True))
         return
     write.add(*calls)
     if any(not c.is_closed for c in calls):
         old = move(turn, TurnState.AWAITING_TOOL)
         write.change(turn, old, state=turn.state)
-        response_event[1]["turn_state"] = turn.state
+        if run is not None:
+            await_tools(write, run)
+        run_state = run.state if run is not None else None
+        write.record(answered(turn_state=turn.state, run_state=run_state))
         return
     old = move(turn, TurnState.COMPLETED)
     write.change(turn, old, state=turn.state, finished_at=timezone.now())
-    response_event[1]["turn_state"] = turn.state
+    write.record(answered(turn_state=turn.state))
     write.record(payloads.turn_completed(turn))
 
 
@@ -407,3 +413,31 @@ def resend_wakeup(write: Write, run: Run) -> None:
         write.lease_change = "now"
     write.record(payloads.reaper_requeued(run))
     wake(write, run.pk)
+
+
+# --------------------------------------------------------------------------- new runs
+
+
+def create_run(
+    run: Run,
+    *,
+    forked_by: Any = None,
+    turns: Iterable[Turn] = (),
+    calls: Iterable[ToolCall] = (),
+    history: Iterable[payloads.Event] = (),
+) -> Run:
+    """A new run (queued, the state it is built in): its row and its first event,
+    run_created, saved at once in the caller's transaction (a Write changes a run that
+    exists). A fork's also the turns and tool calls it copies and their events
+    (`history`, after run_created); `forked_by`: who forked it. The caller wakes it on
+    commit."""
+    events = [payloads.run_created(run, run.owner, forked_by=forked_by), *history]
+    run.last_seq = len(events)
+    run.save(force_insert=True)
+    Turn.objects.bulk_create(turns)
+    ToolCall.objects.bulk_create(calls)
+    RunEvent.objects.bulk_create(
+        RunEvent(run=run, seq=seq, type=kind, payload=payload, created_at=run.created_at)
+        for seq, (kind, payload) in enumerate(events, start=1)
+    )
+    return run

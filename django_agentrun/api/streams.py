@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from django.core.handlers.asgi import ASGIRequest
@@ -246,63 +246,25 @@ async def _follow(
     entries: list[Any],
     lease: Lease,
 ) -> AsyncIterator[str]:
-    loop = asyncio.get_running_loop()
-    keepalive = float(agentrun_settings.STREAM_KEEPALIVE_SECONDS)
-    poll = float(agentrun_settings.STREAM_POLL_SECONDS)
-    answered = dict(snapshot.answered) if snapshot is not None else {}
-    streamed: set[tuple[int, int]] = set()  # (position, turn) whose deltas this stream sent
-    once: set[str] = set()  # entries held back once for a read (see below)
-    frontier = snapshot.frontier if snapshot is not None else 0
-    last_output = loop.time()
-    next_poll = 0.0
+    """Each round: the durable events read (the first snapshot, then whatever a nudge or
+    the timer asks for), the live deltas that came, the stream's bounds, then a read of
+    the database or a wait for what comes next."""
+    follow = _Following(fmt, source, cursor, snapshot, deltas, lease)
     while True:
-        # Durable events first (the snapshot, then whatever a nudge or the timer asks for).
         if snapshot is not None:
-            frontier = snapshot.frontier
-            for event, at in zip(snapshot.events, snapshot.cursors, strict=True):
-                cursor = at
-                turn = reads.answered_by(event)
-                if turn > answered.get(at[0], -1):
-                    answered[at[0]] = turn
-                for chunk in fmt.event(event, source.cursor_text(at)):
-                    yield chunk
-                last_output = loop.time()
-            if snapshot.resting and cursor >= snapshot.last:
-                for chunk in fmt.close(snapshot.state, source.cursor_text(cursor)):
-                    yield chunk
-                return
-            more, snapshot = snapshot.more, None
-            next_poll = loop.time() + (0 if more else poll * (SAFETY_POLL_FACTOR if deltas else 1))
-        need_db, held = False, []
-        for entry_id, item in entries:
-            position = item.get("position", 0)
-            if item.get("kind") == "commit":
-                need_db = need_db or (position, item.get("seq", 0)) > cursor
-                continue
-            turn = item.get("turn")
-            if not isinstance(turn, int) or turn <= answered.get(position, -1):
-                continue  # an answer already committed: its record was (or will be) sent
-            if position > frontier and entry_id not in once:
-                # A later run writes: the run before it has ended since the last read. Read
-                # its last events first, then these (once: a run cannot write out of turn).
-                once.add(entry_id)
-                held.append((entry_id, item))
-                need_db = True
-                continue
-            if not cursor[0] <= position <= frontier:
-                continue  # a run before the cursor's, or one whose events wait
-            if item.get("kind") == "attempt":
-                item = {**item, "restart": (position, turn) in streamed}
-            streamed.add((position, turn))
-            for chunk in fmt.delta(item):
+            for chunk in follow.events(snapshot):
                 yield chunk
-            last_output = loop.time()
-        entries = held
-        now = loop.time()
+            if follow.ended:
+                return
+            snapshot = None
+        for chunk in follow.live(entries):
+            yield chunk
+        entries = follow.held
+        now = follow.loop.time()
         if now >= lease.ends_at:
             # Its time is up: end it without its end, so that the client reconnects after
             # the last cursor it received (and is authenticated and checked again).
-            for chunk in fmt.pause(source.cursor_text(cursor)):
+            for chunk in fmt.pause(source.cursor_text(follow.cursor)):
                 yield chunk
             return
         if now >= lease.next_check:
@@ -311,27 +273,115 @@ async def _follow(
                 return
             await lease.renew()
             continue
-        if need_db or now >= next_poll:
-            snapshot = await reads.read_on(source.read, source.ident, cursor)
+        if follow.need_db or now >= follow.next_poll:
+            snapshot = await reads.read_on(source.read, source.ident, follow.cursor)
             if snapshot is None:
                 return  # deleted
             continue
-        if now - last_output >= keepalive:
+        if now - follow.last_output >= follow.keepalive:
             yield KEEPALIVE
-            last_output = now
-        wait = max(0.0, min(next_poll, last_output + keepalive, lease.wakes_at) - now)
-        if deltas is None:
-            await asyncio.sleep(wait)
-            continue
+            follow.last_output = now
         try:
-            entries = await deltas.next(wait)
+            entries = await follow.wait(now, entries)
         except SlowReader:
             # More waited for this client than it may hold: let it go (it reconnects).
             logger.info("Live stream ended: the client reads too slowly key=%s", source.key)
-            for chunk in fmt.pause(source.cursor_text(cursor)):
+            for chunk in fmt.pause(source.cursor_text(follow.cursor)):
                 yield chunk
             return
+
+
+class _Following:
+    """What a stream has sent (the cursor: the last durable event; each run's last answered
+    turn; the turns whose deltas it sent) and when it reads the database next."""
+
+    def __init__(
+        self,
+        fmt: Any,
+        source: Source,
+        cursor: reads.Cursor,
+        snapshot: reads.Snapshot | None,
+        deltas: RunDeltas | None,
+        lease: Lease,
+    ) -> None:
+        self.fmt, self.source, self.deltas, self.lease = fmt, source, deltas, lease
+        self.loop = asyncio.get_running_loop()
+        self.keepalive = float(agentrun_settings.STREAM_KEEPALIVE_SECONDS)
+        self.poll = float(agentrun_settings.STREAM_POLL_SECONDS)
+        self.cursor = cursor
+        self.answered = dict(snapshot.answered) if snapshot is not None else {}
+        self.streamed: set[tuple[int, int]] = set()  # (position, turn) whose deltas it sent
+        self.once: set[str] = set()  # entries held back once for a read (see `live`)
+        self.frontier = snapshot.frontier if snapshot is not None else 0
+        self.last_output = self.loop.time()
+        self.next_poll = 0.0
+        self.need_db = False  # the entries ask for a read of the database first
+        self.held: list[Any] = []  # the entries to send after that read
+        self.ended = False
+
+    def events(self, snapshot: reads.Snapshot) -> Iterator[str]:
+        """The snapshot's durable events; the stream's end once its source rests and
+        everything was sent (`ended`)."""
+        self.frontier = snapshot.frontier
+        for event, at in zip(snapshot.events, snapshot.cursors, strict=True):
+            self.cursor = at
+            turn = reads.answered_by(event)
+            if turn > self.answered.get(at[0], -1):
+                self.answered[at[0]] = turn
+            yield from self.fmt.event(event, self.source.cursor_text(at))
+            self.last_output = self.loop.time()
+        if snapshot.resting and self.cursor >= snapshot.last:
+            yield from self.fmt.close(snapshot.state, self.source.cursor_text(self.cursor))
+            self.ended = True
+            return
+        seldom = SAFETY_POLL_FACTOR if self.deltas else 1
+        self.next_poll = self.loop.time() + (0 if snapshot.more else self.poll * seldom)
+
+    def live(self, entries: list[Any]) -> Iterator[str]:
+        """The deltas among `entries` (read from Redis) of answers not yet committed, of the
+        runs the stream has reached. A commit's nudge past the cursor asks for a read of
+        the database (`need_db`); so does a later run's delta, held back once (`held`)."""
+        self.need_db, self.held = False, []
+        for entry_id, item in entries:
+            position = item.get("position", 0)
+            if item.get("kind") == "commit":
+                self.need_db = self.need_db or (position, item.get("seq", 0)) > self.cursor
+                continue
+            turn = item.get("turn")
+            if not isinstance(turn, int) or turn <= self.answered.get(position, -1):
+                continue  # an answer already committed: its record was (or will be) sent
+            if position > self.frontier and entry_id not in self.once:
+                # A later run writes: the run before it has ended since the last read. Read
+                # its last events first, then these (once: a run cannot write out of turn).
+                self.once.add(entry_id)
+                self.held.append((entry_id, item))
+                self.need_db = True
+                continue
+            if not self.cursor[0] <= position <= self.frontier:
+                continue  # a run before the cursor's, or one whose events wait
+            if item.get("kind") == "attempt":
+                item = {**item, "restart": (position, turn) in self.streamed}
+            self.streamed.add((position, turn))
+            yield from self.fmt.delta(item)
+            self.last_output = self.loop.time()
+
+    async def wait(self, now: float, held: list[Any]) -> list[Any]:
+        """Wait for the next entries until the next poll, keep-alive or check is due; the
+        `held` ones when none came (no Redis, or Redis went away: polling instead).
+        SlowReader: more waited for this client than it may hold."""
+        wait = max(
+            0.0, min(self.next_poll, self.last_output + self.keepalive, self.lease.wakes_at) - now
+        )
+        if self.deltas is None:
+            await asyncio.sleep(wait)
+            return held
+        try:
+            return await self.deltas.next(wait)
+        except SlowReader:
+            raise
         except Exception as exc:  # noqa: BLE001 - Redis went away: poll the database instead
-            logger.warning("Live stream lost Redis (%s) key=%s", exc, source.key)
-            deltas.close()
-            deltas, next_poll = None, min(next_poll, loop.time() + poll)
+            logger.warning("Live stream lost Redis (%s) key=%s", exc, self.source.key)
+            self.deltas.close()
+            self.deltas = None
+            self.next_poll = min(self.next_poll, self.loop.time() + self.poll)
+            return held

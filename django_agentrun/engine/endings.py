@@ -99,9 +99,8 @@ def complete(
     output: dict[str, Any] = {
         "text": "".join(text_of(t.content) for t in parts),
         "content": final.content if final else [],
+        **({"refusal": refusal} if refusal is not None else {}),
     }
-    if refusal is not None:
-        output["refusal"] = refusal
     parsed = None
     schema = step.config.output_format
     if schema and refusal is None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import random
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from django.db import DatabaseError
@@ -195,11 +196,7 @@ def record(step: Step, turn: Turn, response: ModelResponse, retries: int) -> Com
         and content[-1].get("type") == "tool_use"
         else None
     )
-    event = payloads.model_response(turn, response, content, billed, cost)
-    if response.stop_details:
-        event[1]["stop_details"] = response.stop_details
-    if response.thinking_tokens:
-        event[1]["thinking_tokens"] = response.thinking_tokens
+    answered = partial(payloads.model_response, turn, response, content, billed, cost)
     answer: dict[str, Any] = dict(
         message_id=response.message_id,
         request_id=response.request_id,
@@ -220,8 +217,7 @@ def record(step: Step, turn: Turn, response: ModelResponse, retries: int) -> Com
         # Unanswerable: results could not be matched to calls, and the API would refuse
         # this content in the history (ids are unique across a conversation's runs too).
         # Keep it in the event only and stop here.
-        event[1]["discarded"] = True
-        transitions.answer_turn(write, turn, answer, event, [], discarded=True)
+        transitions.answer_turn(write, turn, answer, answered, [], discarded=True)
         return endings.fail(
             step,
             write,
@@ -232,9 +228,18 @@ def record(step: Step, turn: Turn, response: ModelResponse, retries: int) -> Com
             turn=turn,
         )
     calls = intents(step, write, turn, blocks, truncated_id)
-    transitions.answer_turn(write, turn, {**answer, "content": content}, event, calls)
+    exceeded = stop == "model_context_window_exceeded"
+    transitions.answer_turn(
+        write,
+        turn,
+        {**answer, "content": content},
+        answered,
+        calls,
+        # The run waits for the open calls, unless the answer ends it.
+        run=None if exceeded else run,
+    )
     step.remember(turn, calls)
-    if stop == "model_context_window_exceeded":
+    if exceeded:
         return endings.fail(
             step,
             write,
@@ -243,9 +248,6 @@ def record(step: Step, turn: Turn, response: ModelResponse, retries: int) -> Com
             "model",
             turn=turn,
         )
-    if any(not c.is_closed for c in calls):
-        transitions.await_tools(write, run)
-        event[1]["run_state"] = run.state
     then = _then(step, write, turn, calls, stop, response)
     return Commit(write, then, ("model.after_commit", None))
 

@@ -23,6 +23,11 @@ def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value else None
 
 
+def _if(condition: Any, **keys: Any) -> dict[str, Any]:
+    """A payload's optional keys: `keys` when `condition` holds, none otherwise."""
+    return keys if condition else {}
+
+
 def _call(call: Any) -> dict[str, Any]:
     return {"turn_index": call.turn_index, "tool_call_id": call.tool_call_id}
 
@@ -34,11 +39,12 @@ def _turn(turn: Any) -> dict[str, Any]:
 # --------------------------------------------------------------------------- runs
 
 
-def run_created(run: Any, owner: Any) -> Event:
+def run_created(run: Any, owner: Any, *, forked_by: Any = None) -> Event:
     """The agent's configuration is the run's (Run.config), not repeated here. A run of a
     conversation also names it, its place in it and its message's context: its history
-    starts with the earlier runs' (their events rebuild it: projection.project_conversation)."""
-    payload = {
+    starts with the earlier runs' (their events rebuild it: projection.project_conversation).
+    A fork names the run and turn it was forked from, and who forked it (`forked_by`)."""
+    return EventType.RUN_CREATED, {
         "run_state": run.state,
         "agent": run.agent,
         "input": run.input,
@@ -46,16 +52,21 @@ def run_created(run: Any, owner: Any) -> Event:
         "metadata": run.metadata,
         "owner": user_id(owner),
         "deadline": _iso(run.deadline),
-    }
-    if run.context:
-        payload["context"] = run.context  # start_run(context=...) or the agent's hook
-    if run.conversation_id is not None:
-        payload.update(
+        # start_run(context=...) or the agent's hook; a conversation's run names it anyway.
+        **_if(run.context, context=run.context),
+        **_if(
+            run.conversation_id is not None,
             conversation=str(run.conversation_id),
             position=run.conversation_position,
             context=run.context,
-        )
-    return EventType.RUN_CREATED, payload
+        ),
+        **_if(
+            run.forked_from_id is not None,
+            forked_from=str(run.forked_from_id),
+            forked_at_turn=run.forked_at_turn,
+            forked_by=user_id(forked_by),
+        ),
+    }
 
 
 def run_rolled_back(by: Any, next_run: Any) -> Event:
@@ -99,17 +110,15 @@ def run_completed(
 ) -> Event:
     """The output's text; its content is the last answer's, recorded with that answer. A
     refusal's details and a structured output's parsed value, when there are any."""
-    payload = {
+    answer = output if isinstance(output, dict) else {}
+    return EventType.RUN_COMPLETED, {
         "run_state": run.state,
         "stop_reason": stop_reason,
         "output": {"text": output.get("text", "")} if isinstance(output, dict) else output,
         "usage": usage,
+        **_if("refusal" in answer, refusal=answer.get("refusal")),
+        **_if(parsed is not None, parsed_output=parsed),
     }
-    if isinstance(output, dict) and "refusal" in output:
-        payload["refusal"] = output["refusal"]
-    if parsed is not None:
-        payload["parsed_output"] = parsed
-    return EventType.RUN_COMPLETED, payload
 
 
 def run_continued(run: Any) -> Event:
@@ -131,8 +140,14 @@ def budget_exceeded(limit: str, projected: float, allowed: float) -> Event:
 # --------------------------------------------------------------------------- turns
 
 
-def turn_started(turn: Any) -> Event:
-    return EventType.TURN_STARTED, {**_turn(turn), "final": turn.is_final}
+def turn_started(turn: Any, state: str | None = None) -> Event:
+    """`state`: the state the turn started in, when it is no longer the turn's (a fork
+    describes a copied, closed turn as it started: running)."""
+    return EventType.TURN_STARTED, {
+        "turn_index": turn.index,
+        "turn_state": state or turn.state,
+        "final": turn.is_final,
+    }
 
 
 def turn_completed(turn: Any) -> Event:
@@ -147,9 +162,23 @@ def turn_failed(turn: Any) -> Event:
     return EventType.TURN_FAILED, _turn(turn)
 
 
-def model_response(turn: Any, response: Any, content: list, usage: dict, cost: Any) -> Event:
-    """The recorded answer; `turn_state` (and `run_state`, `discarded`) are added by the
-    engine once it knows them."""
+def model_response(
+    turn: Any,
+    response: Any,
+    content: list,
+    usage: dict,
+    cost: Any,
+    *,
+    turn_state: str | None = None,
+    run_state: str | None = None,
+    discarded: bool = False,
+) -> Event:
+    """The recorded answer. `turn_state` and `run_state`: the states the answer leaves the
+    turn and the run in, when it settles them; a `discarded` answer (unusable, or paid for
+    and never part of the conversation) says so. `response` is a ModelResponse, or the
+    copied turn a fork describes (which has no stop details or thinking tokens)."""
+    stop_details = getattr(response, "stop_details", None)
+    thinking_tokens = getattr(response, "thinking_tokens", None)
     return EventType.MODEL_RESPONSE, {
         "turn_index": turn.index,
         "message_id": response.message_id,
@@ -159,6 +188,11 @@ def model_response(turn: Any, response: Any, content: list, usage: dict, cost: A
         "content": content,
         "usage": usage,
         "cost_usd": str(cost),
+        **_if(stop_details, stop_details=stop_details),
+        **_if(thinking_tokens, thinking_tokens=thinking_tokens),
+        **_if(discarded, discarded=True),
+        **_if(turn_state is not None, turn_state=turn_state),
+        **_if(run_state is not None, run_state=run_state),
     }
 
 
@@ -257,16 +291,15 @@ def approval_requested(call: Any, payload: dict, deadline: datetime | None) -> E
 
 
 def approval_granted(call: Any, by: Any, note: str, arguments: Any = None) -> Event:
-    payload: dict[str, Any] = {
+    """`arguments`: the arguments a person edited the call to, when they did."""
+    return EventType.APPROVAL_DECIDED, {
         **_call(call),
         "decision": "approved",
         "by": user_id(by),
         "note": note,
+        **_if(arguments is not None, arguments=arguments),
+        "tool_call_state": call.state,
     }
-    if arguments is not None:
-        payload["arguments"] = arguments
-    payload["tool_call_state"] = call.state
-    return EventType.APPROVAL_DECIDED, payload
 
 
 def decision(action: str, by: Any, note: str) -> dict[str, Any]:

@@ -23,10 +23,9 @@ from django.utils import timezone
 
 from .. import store, transitions, wakeups
 from ..agents import Agent, get_agent, registered_agents
-from ..events import payloads
 from ..exceptions import ConversationBusy, IdempotencyConflict, InvalidInput
 from ..fields import check_json, check_text
-from ..models import Conversation, Run, RunEvent
+from ..models import Conversation, Run
 from ..runconfig import RunConfig
 from ..states import RUN_ACTIVE, ConversationPolicy
 from .retrying import retry_lost_race
@@ -184,24 +183,22 @@ def _new_run(
 ) -> Run:
     last = conversation.runs.aggregate(last=Max("conversation_position"))["last"]
     limit = RunConfig.of(conversation.config).deadline_seconds
-    run = Run.objects.create(
-        agent=conversation.agent,
-        input=input,
-        context=context,
-        config=conversation.config,
-        owner=conversation.owner,
-        idempotency_key=key,
-        request_hash=request_hash,
-        metadata=metadata,
-        correlation_id=uuid.uuid4().hex,
-        deadline=timezone.now() + timedelta(seconds=limit) if limit else None,
-        conversation=conversation,
-        conversation_position=0 if last is None else last + 1,
-        last_seq=1,
+    return transitions.create_run(
+        Run(
+            agent=conversation.agent,
+            input=input,
+            context=context,
+            config=conversation.config,
+            owner=conversation.owner,
+            idempotency_key=key,
+            request_hash=request_hash,
+            metadata=metadata,
+            correlation_id=uuid.uuid4().hex,
+            deadline=timezone.now() + timedelta(seconds=limit) if limit else None,
+            conversation=conversation,
+            conversation_position=0 if last is None else last + 1,
+        )
     )
-    kind, payload = payloads.run_created(run, conversation.owner)
-    RunEvent.objects.create(run=run, seq=1, type=kind, payload=payload, created_at=run.created_at)
-    return run
 
 
 def _existing(conversation: Conversation, key: str, input: Any, digest: str | None) -> Run | None:

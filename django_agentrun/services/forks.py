@@ -21,7 +21,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from .. import store, wakeups
+from .. import store, transitions, wakeups
 from ..clients.base import USAGE_KEYS
 from ..engine.guards import cost_of
 from ..events import EventType, payloads
@@ -191,30 +191,21 @@ def _copy(original: Run, at_turn: int, by: Any) -> Run:
         deadline=now + timedelta(seconds=limit) if limit else None,
         forked_from=original,
         forked_at_turn=at_turn,
+        created_at=now,
         turn_count=sum(1 for t in turns if t.content is not None),
         cost_usd=sum(costs.values(), Decimal(0)),
         **{key: sum(getattr(t, key) for t in turns) for key in USAGE_KEYS},
     )
-    kind, payload = payloads.run_created(fork, fork.owner)
-    payload.update(
-        forked_from=str(original.pk), forked_at_turn=at_turn, forked_by=payloads.user_id(by)
-    )
-    events = [(kind, payload)]
     copies = {t.index: _turn_copy(fork, t) for t in turns}
     call_copies = [_call_copy(fork, copies[c.turn_index], c) for c in calls]
+    history: list[payloads.Event] = []
     for turn in turns:
         own = [c for c in call_copies if c.turn_index == turn.index]
         usage = billed.get(turn.index, turn.usage())
-        events.extend(_turn_events(copies[turn.index], own, costs[turn.index], usage))
-    fork.last_seq = len(events)
-    fork.save(force_insert=True)
-    Turn.objects.bulk_create(copies.values())
-    ToolCall.objects.bulk_create(call_copies)
-    RunEvent.objects.bulk_create(
-        RunEvent(run=fork, seq=seq, type=kind, payload=payload, created_at=now)
-        for seq, (kind, payload) in enumerate(events, start=1)
+        history.extend(_turn_events(copies[turn.index], own, costs[turn.index], usage))
+    return transitions.create_run(
+        fork, forked_by=by, turns=copies.values(), calls=call_copies, history=history
     )
-    return fork
 
 
 def _turn_copy(fork: Run, turn: Turn) -> Turn:
@@ -286,15 +277,20 @@ def _turn_events(
 ) -> list[payloads.Event]:
     """The events that describe a copied turn as the engine's describe a turn it runs:
     started, answered, its calls requested and closed, ended (the projection rebuilds it)."""
-    kind, started = payloads.turn_started(turn)
-    events: list[payloads.Event] = [(kind, {**started, "turn_state": TurnState.RUNNING})]
+    events = [payloads.turn_started(turn, TurnState.RUNNING)]
     if turn.content is not None or any(turn.usage().values()):
-        kind, answer = payloads.model_response(turn, turn, turn.content or [], usage, cost)
-        if turn.content is None:
-            answer["discarded"] = True  # paid for, never part of the conversation
-        elif calls:
-            answer["turn_state"] = TurnState.AWAITING_TOOL
-        events.append((kind, answer))
+        events.append(
+            payloads.model_response(
+                turn,
+                turn,
+                turn.content or [],
+                usage,
+                cost,
+                # Paid for, never part of the conversation.
+                discarded=turn.content is None,
+                turn_state=TurnState.AWAITING_TOOL if turn.content is not None and calls else None,
+            )
+        )
     events.extend(payloads.tool_call_requested(call) for call in calls)
     events.extend(payloads.call_result(call, kind=EventType.TOOL_CALL_FINISHED) for call in calls)
     events.append(_TURN_ENDED[turn.state](turn))

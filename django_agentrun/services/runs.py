@@ -16,7 +16,6 @@ from django.utils import timezone
 from .. import catalog, store, transitions, wakeups
 from ..agents import Agent, get_agent, owner_user_id
 from ..content import BLOCK_TYPES, has_cache_control, validate_blocks
-from ..events import payloads
 from ..exceptions import (
     IdempotencyConflict,
     InvalidInput,
@@ -27,7 +26,7 @@ from ..exceptions import (
     UnknownAgent,
 )
 from ..fields import StorableJSONEncoder, check_json, check_text, unsendable
-from ..models import Run, RunEvent
+from ..models import Run
 from ..runconfig import RunConfig
 from ..states import RunState
 from ..store import database_now
@@ -184,22 +183,19 @@ def start_run(
         deadline = timezone.now() + agent_obj.deadline
     try:
         with transaction.atomic():
-            run = Run.objects.create(
-                agent=agent_obj.name,
-                input=input,
-                config=config,
-                context=context,
-                owner=owner,
-                idempotency_key=idempotency_key,
-                request_hash=request_hash or "",
-                metadata=metadata or {},
-                correlation_id=correlation_id or uuid.uuid4().hex,
-                deadline=deadline,
-                last_seq=1,
-            )
-            kind, payload = payloads.run_created(run, owner)
-            RunEvent.objects.create(
-                run=run, seq=1, type=kind, payload=payload, created_at=run.created_at
+            run = transitions.create_run(
+                Run(
+                    agent=agent_obj.name,
+                    input=input,
+                    config=config,
+                    context=context,
+                    owner=owner,
+                    idempotency_key=idempotency_key,
+                    request_hash=request_hash or "",
+                    metadata=metadata or {},
+                    correlation_id=correlation_id or uuid.uuid4().hex,
+                    deadline=deadline,
+                )
             )
             transaction.on_commit(lambda: wakeups.send(run.pk))
     except IntegrityError:

@@ -11,9 +11,9 @@
 -- Take a released lease (the usual case): no recovery is counted. A run of a conversation
 -- is not taken while an earlier run of it is active (queued, running, awaiting_tool or
 -- awaiting_approval): a follow-up starts once they have all ended, and the transition
--- that ends one wakes it (transitions.wake_follow_up). Outside a conversation the
--- subquery finds nothing (conversation_id is NULL); it reads the unique index
--- agentrun_run_conversation_position.
+-- that ends one wakes it after its commit (transitions._ended wakes what
+-- store.leases.following_runs finds). Outside a conversation the subquery finds nothing
+-- (conversation_id is NULL); it reads the unique index agentrun_run_conversation_position.
 UPDATE "agentrun_run"
 SET "lease_owner" = %(owner)s,
     "lease_expires_at" = statement_timestamp() + %(lease_seconds)s * interval '1 second',

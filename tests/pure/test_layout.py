@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "django_agentrun"
-MAX_LINES = 410  # "about 400"
+MAX_LINES = 600  # issue #27: none over 600; none bent to fit a smaller number
 
 
 def _modules(top: Path) -> list[Path]:

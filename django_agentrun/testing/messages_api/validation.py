@@ -87,18 +87,18 @@ def _content_blocks(content: Any) -> list[dict[str, Any]]:
     return content
 
 
-def _check_cache_control(value: Any, where: str) -> int:
+def _check_cache_control(value: Any, where: str) -> None:
     if value is None:
-        return 0
+        return
     if not isinstance(value, dict) or value.get("type") != "ephemeral":
         raise invalid(f"{where}.cache_control.type: Input should be 'ephemeral'")
     if value.get("ttl") not in (None, "5m", "1h"):
         raise invalid(f"{where}.cache_control.ttl: Input should be '5m' or '1h'")
-    return 1
 
 
-def _check_block(block: Any, where: str, role: str) -> int:
-    """Validate one content block; returns its number of cache breakpoints."""
+def _check_block(block: Any, where: str, role: str) -> None:
+    """Validate one content block (how many cache breakpoints a request has, and where, is
+    cache.breakpoint_problem's)."""
     if not isinstance(block, dict):
         raise invalid(f"{where}: Input should be a valid dictionary or object")
     kind = block.get("type")
@@ -129,7 +129,6 @@ def _check_block(block: Any, where: str, role: str) -> int:
         if "is_error" in block and not isinstance(block["is_error"], bool):
             raise invalid(f"{where}.tool_result.is_error: Input should be a valid boolean")
         inner = block.get("content")
-        breakpoints = 0
         if isinstance(inner, list):
             for k, item in enumerate(inner):
                 if not isinstance(item, dict) or item.get("type") not in {
@@ -140,10 +139,9 @@ def _check_block(block: Any, where: str, role: str) -> int:
                     "tool_reference",
                 }:
                     raise invalid(f"{where}.tool_result.content.{k}: Input should be a valid block")
-                breakpoints += _check_block(item, f"{where}.tool_result.content.{k}", "user")
+                _check_block(item, f"{where}.tool_result.content.{k}", "user")
         elif inner is not None and not isinstance(inner, str):
             raise invalid(f"{where}.tool_result.content: Input should be a valid list or string")
-        return breakpoints + _check_cache_control(block.get("cache_control"), where)
     elif kind in ("image", "document"):
         _check_download(block.get("source"))
     elif kind in ("thinking", "redacted_thinking"):
@@ -152,7 +150,7 @@ def _check_block(block: Any, where: str, role: str) -> int:
         for key in ("thinking", "signature") if kind == "thinking" else ("data",):
             if not isinstance(block.get(key), str):
                 raise invalid(f"{where}.{kind}.{key}: Field required")
-    return _check_cache_control(block.get("cache_control"), where)
+    _check_cache_control(block.get("cache_control"), where)
 
 
 def _check_download(source: Any) -> None:
@@ -179,6 +177,40 @@ def validate_request(body: Any, betas: set[str] | None = None) -> None:
 
 
 def _validate(body: Any, betas: set[str] | None) -> None:
+    """The checks in the API's order: the first refusal is the one it answers."""
+    _check_fields(body)
+    _check_sampling(body)
+    _check_metadata(body.get("metadata"))
+    # Server tools as declared (their types and names) before what the model accepts.
+    declared = servertools.check_tools(body)
+    problem = options.problem(body)
+    if problem:
+        raise invalid(problem)
+    # Automatic caching: a top-level cache_control (it takes one of the breakpoints).
+    _check_cache_control(body.get("cache_control"), "cache_control")
+    servertools.check_context_management(body, betas)
+    _check_system(body.get("system"))
+    tool_names = _check_tools(body.get("tools"))
+    _check_tool_choice(body.get("tool_choice"), tool_names)
+    parsed = _parse_messages(body["messages"])
+    problem = cache.breakpoint_problem(body) or history.prefill_problem(body, parsed)
+    if problem:
+        raise invalid(problem)
+    # Server tool blocks are the request's server tools, each answered in its own message.
+    servertools.check_messages(body, parsed, declared)
+    _check_thinking(body, parsed)
+    if not body.get("tools") and any(
+        b.get("type") in ("tool_use", "tool_result") for _, blocks in parsed for b in blocks
+    ):
+        raise invalid(
+            "Requests which include `tool_use` or `tool_result` blocks must define tools."
+        )
+    _check_results_answer_uses(parsed)
+    _check_uses_answered(parsed)
+
+
+def _check_fields(body: Any) -> None:
+    """The body is an object of known fields, with a model, max_tokens and messages."""
     if not isinstance(body, dict):
         raise invalid("Input should be a valid dictionary")
     for key in body:
@@ -196,6 +228,11 @@ def _validate(body: Any, betas: set[str] | None) -> None:
         raise invalid("max_tokens: Input should be greater than or equal to 0")
     if "stream" in body and not isinstance(body["stream"], bool):
         raise invalid("stream: Input should be a valid boolean")
+
+
+def _check_sampling(body: dict[str, Any]) -> None:
+    """temperature, top_p, top_k and stop_sequences, as values (what a model accepts of
+    them is options.problem's)."""
     for key, low, high in (("temperature", 0.0, 1.0), ("top_p", 0.0, 1.0)):
         value = body.get(key)
         if value is not None:
@@ -211,95 +248,108 @@ def _validate(body: Any, betas: set[str] | None) -> None:
         not isinstance(stop_sequences, list) or not all(isinstance(s, str) for s in stop_sequences)
     ):
         raise invalid("stop_sequences: Input should be a valid list of strings")
-    metadata = body.get("metadata")
-    if metadata is not None:
-        if not isinstance(metadata, dict):
-            raise invalid("metadata: Input should be a valid dictionary")
-        for key in metadata:
-            if key != "user_id":
-                raise invalid(f"metadata.{key}: Extra inputs are not permitted")
-        user_id = metadata.get("user_id")
-        if user_id is not None and (not isinstance(user_id, str) or len(user_id) > 256):
-            raise invalid("metadata.user_id: String should have at most 256 characters")
-    # Server tools as declared (their types and names) before what the model accepts.
-    declared = servertools.check_tools(body)
-    problem = options.problem(body)
-    if problem:
-        raise invalid(problem)
 
-    # Automatic caching: the top-level cache_control takes one of the breakpoints.
-    breakpoints = _check_cache_control(body.get("cache_control"), "cache_control")
-    servertools.check_context_management(body, betas)
-    system = body.get("system")
-    if system is not None and not isinstance(system, str):
-        if not isinstance(system, list):
-            raise invalid("system: Input should be a valid string or list")
-        for j, block in enumerate(system):
-            if not isinstance(block, dict) or block.get("type") != "text":
-                raise invalid(f"system.{j}.type: Input should be 'text'")
-            if not isinstance(block.get("text"), str) or not block["text"]:
-                raise invalid("system: text content blocks must be non-empty")
-            breakpoints += _check_cache_control(block.get("cache_control"), f"system.{j}")
 
-    tools = body.get("tools")
-    tool_names: list[str] = []
-    if tools is not None:
-        if not isinstance(tools, list):
-            raise invalid("tools: Input should be a valid list")
-        for j, tool in enumerate(tools):
-            if not isinstance(tool, dict):
-                raise invalid(f"tools.{j}: Input should be a valid dictionary")
-            name = tool.get("name")
-            if tool.get("type") in (None, "custom"):
-                if not isinstance(name, str) or not _TOOL_NAME_PATTERN.match(name):
-                    raise invalid(
-                        f"tools.{j}.custom.name: String should match pattern '^[a-zA-Z0-9_-]{{1,128}}$'"
-                    )
-                schema = tool.get("input_schema")
-                if not isinstance(schema, dict):
-                    raise invalid(f"tools.{j}.custom.input_schema: Field required")
-                if schema.get("type", "object") != "object":
-                    raise invalid(f"tools.{j}.custom.input_schema.type: Input should be 'object'")
-                if "strict" in tool and not isinstance(tool["strict"], bool):
-                    raise invalid(f"tools.{j}.custom.strict: Input should be a valid boolean")
-                if tool.get("strict"):
-                    problem = options.schema_problem(schema, f"tools.{j}.custom.input_schema")
-                    if problem:
-                        raise invalid(problem)
-            elif not isinstance(name, str) or not name:
-                raise invalid(f"tools.{j}.name: Field required")
-            tool_names.append(name)
-            breakpoints += _check_cache_control(tool.get("cache_control"), f"tools.{j}")
-        if len(set(tool_names)) != len(tool_names):
-            raise invalid("tools: Tool names must be unique.")
+def _check_metadata(metadata: Any) -> None:
+    if metadata is None:
+        return
+    if not isinstance(metadata, dict):
+        raise invalid("metadata: Input should be a valid dictionary")
+    for key in metadata:
+        if key != "user_id":
+            raise invalid(f"metadata.{key}: Extra inputs are not permitted")
+    user_id = metadata.get("user_id")
+    if user_id is not None and (not isinstance(user_id, str) or len(user_id) > 256):
+        raise invalid("metadata.user_id: String should have at most 256 characters")
 
-    tool_choice = body.get("tool_choice")
-    if tool_choice is not None:
-        if not isinstance(tool_choice, dict) or tool_choice.get("type") not in (
-            "auto",
-            "any",
-            "tool",
-            "none",
-        ):
-            raise invalid(
-                "tool_choice: Input tag found using 'type' does not match any of the expected "
-                "tags: 'auto', 'any', 'tool', 'none'"
-            )
-        if tool_choice["type"] == "tool":
-            name = tool_choice.get("name")
-            if not isinstance(name, str):
-                raise invalid("tool_choice.tool.name: Field required")
-            if name not in tool_names:
-                raise invalid(f"tool_choice.name: Tool '{name}' not found in tools")
-        if "disable_parallel_tool_use" in tool_choice and not isinstance(
-            tool_choice["disable_parallel_tool_use"], bool
-        ):
-            raise invalid(
-                f"tool_choice.{tool_choice['type']}.disable_parallel_tool_use: "
-                "Input should be a valid boolean"
-            )
 
-    messages = body["messages"]
+def _check_system(system: Any) -> None:
+    """A string, or a list of non-empty text blocks."""
+    if system is None or isinstance(system, str):
+        return
+    if not isinstance(system, list):
+        raise invalid("system: Input should be a valid string or list")
+    for j, block in enumerate(system):
+        if not isinstance(block, dict) or block.get("type") != "text":
+            raise invalid(f"system.{j}.type: Input should be 'text'")
+        if not isinstance(block.get("text"), str) or not block["text"]:
+            raise invalid("system: text content blocks must be non-empty")
+        _check_cache_control(block.get("cache_control"), f"system.{j}")
+
+
+def _check_tools(tools: Any) -> list[str]:
+    """The tools' names (unique), each custom tool with an object schema (a strict one
+    within what strict schemas allow); server tools were checked before."""
+    if tools is None:
+        return []
+    if not isinstance(tools, list):
+        raise invalid("tools: Input should be a valid list")
+    names: list[str] = []
+    for j, tool in enumerate(tools):
+        if not isinstance(tool, dict):
+            raise invalid(f"tools.{j}: Input should be a valid dictionary")
+        name = tool.get("name")
+        if tool.get("type") in (None, "custom"):
+            _check_custom_tool(tool, j)
+        elif not isinstance(name, str) or not name:
+            raise invalid(f"tools.{j}.name: Field required")
+        names.append(name)
+        _check_cache_control(tool.get("cache_control"), f"tools.{j}")
+    if len(set(names)) != len(names):
+        raise invalid("tools: Tool names must be unique.")
+    return names
+
+
+def _check_custom_tool(tool: dict[str, Any], j: int) -> None:
+    name = tool.get("name")
+    if not isinstance(name, str) or not _TOOL_NAME_PATTERN.match(name):
+        raise invalid(
+            f"tools.{j}.custom.name: String should match pattern '^[a-zA-Z0-9_-]{{1,128}}$'"
+        )
+    schema = tool.get("input_schema")
+    if not isinstance(schema, dict):
+        raise invalid(f"tools.{j}.custom.input_schema: Field required")
+    if schema.get("type", "object") != "object":
+        raise invalid(f"tools.{j}.custom.input_schema.type: Input should be 'object'")
+    if "strict" in tool and not isinstance(tool["strict"], bool):
+        raise invalid(f"tools.{j}.custom.strict: Input should be a valid boolean")
+    if tool.get("strict"):
+        problem = options.schema_problem(schema, f"tools.{j}.custom.input_schema")
+        if problem:
+            raise invalid(problem)
+
+
+def _check_tool_choice(tool_choice: Any, tool_names: list[str]) -> None:
+    """auto, any, none, or a tool the request defines."""
+    if tool_choice is None:
+        return
+    if not isinstance(tool_choice, dict) or tool_choice.get("type") not in (
+        "auto",
+        "any",
+        "tool",
+        "none",
+    ):
+        raise invalid(
+            "tool_choice: Input tag found using 'type' does not match any of the expected "
+            "tags: 'auto', 'any', 'tool', 'none'"
+        )
+    if tool_choice["type"] == "tool":
+        name = tool_choice.get("name")
+        if not isinstance(name, str):
+            raise invalid("tool_choice.tool.name: Field required")
+        if name not in tool_names:
+            raise invalid(f"tool_choice.name: Tool '{name}' not found in tools")
+    if "disable_parallel_tool_use" in tool_choice and not isinstance(
+        tool_choice["disable_parallel_tool_use"], bool
+    ):
+        raise invalid(
+            f"tool_choice.{tool_choice['type']}.disable_parallel_tool_use: "
+            "Input should be a valid boolean"
+        )
+
+
+def _parse_messages(messages: Any) -> list[tuple[str, list[dict[str, Any]]]]:
+    """Each message's role and content blocks, each block checked; the first from the user."""
     if not isinstance(messages, list):
         raise invalid("messages: Input should be a valid list")
     if not messages:
@@ -321,7 +371,7 @@ def _validate(body: Any, betas: set[str] | None) -> None:
             raise invalid(f"messages.{i}.content: Input should be a valid list")
         blocks = _content_blocks(content)
         for j, block in enumerate(blocks):
-            breakpoints += _check_block(block, f"messages.{i}.content.{j}", role)
+            _check_block(block, f"messages.{i}.content.{j}", role)
         is_final_assistant = i == len(messages) - 1 and role == "assistant"
         if not blocks and not is_final_assistant:
             raise invalid(
@@ -331,15 +381,12 @@ def _validate(body: Any, betas: set[str] | None) -> None:
         parsed.append((role, blocks))
     if parsed[0][0] != "user":
         raise invalid('messages: first message must use the "user" role')
-    problem = cache.breakpoint_problem(body) or history.prefill_problem(body, parsed)
-    if problem:
-        raise invalid(problem)
+    return parsed
 
-    # Server tool blocks are the request's server tools, each answered in its own message.
-    servertools.check_messages(body, parsed, declared)
 
-    # Thinking blocks come back unchanged, under the system prompt and tools they were made
-    # under (thinking.py): a changed block or prefix is refused.
+def _check_thinking(body: dict[str, Any], parsed: list[tuple[str, list[dict[str, Any]]]]) -> None:
+    """Thinking blocks come back unchanged, under the system prompt and tools they were made
+    under (thinking.py): a changed block or prefix is refused."""
     for i, (_role, blocks) in enumerate(parsed):
         for j, block in enumerate(blocks):
             if block["type"] in ("thinking", "redacted_thinking") and not thinking.valid(
@@ -351,15 +398,9 @@ def _validate(body: Any, betas: set[str] | None) -> None:
                     + thinking.BOUND
                 )
 
-    has_tool_blocks = any(
-        b.get("type") in ("tool_use", "tool_result") for _, blocks in parsed for b in blocks
-    )
-    if has_tool_blocks and not tools:
-        raise invalid(
-            "Requests which include `tool_use` or `tool_result` blocks must define tools."
-        )
 
-    # First every tool_result must answer a tool_use of the assistant message just before it...
+def _check_results_answer_uses(parsed: list[tuple[str, list[dict[str, Any]]]]) -> None:
+    """Every tool_result answers a tool_use of the assistant message just before it."""
     for i, (role, blocks) in enumerate(parsed):
         if role != "user":
             continue
@@ -373,7 +414,11 @@ def _validate(body: Any, betas: set[str] | None) -> None:
                     f"`tool_result` blocks: {block['tool_use_id']}. Each `tool_result` block "
                     "must have a corresponding `tool_use` block in the previous message."
                 )
-    # ...then every tool_use must be answered, first thing, by the next (user) message.
+
+
+def _check_uses_answered(parsed: list[tuple[str, list[dict[str, Any]]]]) -> None:
+    """Every tool_use (ids unique across the messages) is answered, first thing, by the
+    next (user) message."""
     seen_ids: set[str] = set()
     for i, (role, blocks) in enumerate(parsed):
         if role != "assistant":
