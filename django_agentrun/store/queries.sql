@@ -161,7 +161,7 @@ SELECT * FROM agentrun_write(
 -- fails as a whole on the unique constraint agentrun_runevent_seq (FENCE_CONSTRAINT),
 -- which store/writes.py turns into LeaseLost or ConcurrentUpdate.
 --
--- Lock order (store/locks.py, docs/durability.md): the run's row first, then its turns and
+-- Lock order (store/locks.py, docs/explanation/durability.md): the run's row first, then its turns and
 -- tool calls, as every service and the reaper take them. run_locked takes the run's row
 -- (FOR NO KEY UPDATE: the run's own UPDATE below takes the same lock) and the two UPDATEs
 -- of turns and tool calls join it, so no turn or call row is locked before the run's.
