@@ -85,10 +85,11 @@ class Spares:
         die: bool = False,
     ) -> subprocess.Popen:
         """Turn `spare` into `argv` with `env`, in `cwd`, its output in `log`."""
+        # Its normal priority first: threads it starts inherit the priority of the moment.
+        _priority(spare.pid, idle=False)
         order = {"argv": argv[1:], "env": env, "cwd": str(cwd), "log": str(log), "die": die}
         spare.stdin.write(json.dumps(order).encode() + b"\n")  # type: ignore[union-attr]
         spare.stdin.close()  # type: ignore[union-attr]
-        _priority(spare.pid, idle=False)
         return spare
 
     def close(self) -> None:
