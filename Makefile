@@ -23,7 +23,7 @@ VENV_DJANGO6 ?= .venv-django6
 #   second to reach the database), so their timings hold while the other lane runs.
 # Each lane has a Postgres database of its own (PG_URL, PG_URL_WORKERS): their test
 # databases never meet. The worker lane's output is in artifacts/lane-workers.log, printed
-# when both lanes are done.
+# when both lanes are done. `make test SERIAL=1`: one lane, every stage in turn.
 TEST_STAGES = lint checks test-sqlite test-postgres test-postgres-ssb test-postgres-psycopg2 \
 	test-django6 test-release
 WORKER_STAGES = test-workers test-workers-psycopg2 test-pgbouncer test-django-pool test-node \
@@ -54,7 +54,10 @@ test:
 	@nice -n 10 $(MAKE) --no-print-directory prebuild-django6 >artifacts/prebuild-django6.log 2>&1 &
 	@$(MAKE) --no-print-directory install
 	@nice -n 10 $(MAKE) --no-print-directory prebuild-release >artifacts/prebuild-release.log 2>&1 &
-	@started=$$(date +%s); \
+	@if [ -n "$(SERIAL)" ]; then \
+	  exec $(MAKE) --no-print-directory lane STAGES="$(TEST_STAGES) $(WORKER_STAGES)"; \
+	fi; \
+	started=$$(date +%s); \
 	{ first=""; [ "$$(id -u)" -ne 0 ] || first="nice -n -5"; \
 	  $$first $(MAKE) --no-print-directory lane STAGES="$(WORKER_STAGES)" PG_URL=$(PG_URL_WORKERS) \
 	  >artifacts/lane-workers.log 2>&1; } & workers=$$!; \
