@@ -2,7 +2,8 @@
 slow imports of a worker done (the anthropic SDK alone takes a second), each of which
 becomes the next `python -m ...` child when one is asked for. It takes that child's
 environment, working directory and log before anything reads them, then runs the module
-as `python -m` would: the same real process (the pid `Popen` gave), killed the same way.
+as `python -m` would: the same real process (the pid `Popen` gave; `ps` still shows the
+spare's command line), killed the same way.
 A spare waits at idle CPU priority (where the parent may raise it back: root on Linux),
 so it never slows a running test down; it is put back to normal when it is given an order.
 
