@@ -21,9 +21,7 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -178,20 +176,14 @@ def main() -> None:
         "AGENTRUN_LOG_LEVEL": "WARNING",
     }
     os.environ.update(env)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
     pool = Workers("streams", **env)
-    uvicorn = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "example_project.asgi:application"]
-        + ["--port", str(port), "--log-level", "warning", "--backlog", "1024"],
-        env={**pool.env(), "DJANGO_SETTINGS_MODULE": "bench.settings"},
-        stdout=open(LOG_DIR / "uvicorn.log", "wb"),  # noqa: SIM115 - the process keeps it
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
+    uvicorn = pool.group.uvicorn(
+        "example_project.asgi:application",
+        args=("--log-level", "warning", "--backlog", "1024"),
+        ready_path="/admin/login/",
     )
+    port = uvicorn.port
     try:
-        time.sleep(2)
         # Without clients.
         worker = pool.start()
         quiet = start_runs(args.runs, pool)
@@ -226,8 +218,7 @@ def main() -> None:
         statuses, connected = asyncio.run(watch())
         wait_done(loud)
     finally:
-        uvicorn.terminate()
-        uvicorn.wait(10)
+        uvicorn.stop(grace=10)
         cleanup()
     ok = sum(1 for s in statuses if s == 200)
     quiet_t, loud_t = turn_times(quiet), turn_times(loud)

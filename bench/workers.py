@@ -3,8 +3,10 @@
 Workers run `python -m celery -A example_project worker` from the repo root with
 DJANGO_SETTINGS_MODULE=bench.settings, the bench database, a Redis db of the
 bench's own (BENCH_BROKER_URL, default db 12) and a queue name unique to this
-bench invocation and section. Each worker is its own session (process group),
-so a kill takes the whole worker, pool children included.
+bench invocation and section, started and stopped by the shipped process manager
+(django_agentrun.testing.processes; cold starts: the figures count a worker's start).
+Each worker is its own session (process group), so a kill takes the whole worker, pool
+children included.
 """
 
 from __future__ import annotations
@@ -12,16 +14,14 @@ from __future__ import annotations
 import atexit
 import os
 import signal
-import subprocess
 import tempfile
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tests.worker_process import celery_worker_argv
+from django_agentrun.testing.processes import Process, Processes
 
 from .common import ROOT, RUN_ID
 
@@ -30,16 +30,12 @@ _pools: list[Workers] = []
 _child_markers: list[bytes] = []  # cmdlines of tool children to kill on exit (b"sleep\0...")
 
 
-class Worker:
-    def __init__(self, proc: subprocess.Popen, log: Path, name: str) -> None:
-        self.proc, self.log, self.name = proc, log, name
+class Worker(Process):
+    """A worker process; `log` is its log file."""
 
     @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
+    def log(self) -> Path:
+        return self.log_path
 
     def pids(self) -> set[int]:
         """The worker's process group: the main process and its pool children."""
@@ -47,7 +43,7 @@ class Worker:
         for entry in Path("/proc").iterdir():
             if entry.name.isdigit():
                 try:
-                    if os.getpgid(int(entry.name)) == self.proc.pid:
+                    if os.getpgid(int(entry.name)) == self.pid:
                         found.add(int(entry.name))
                 except (ProcessLookupError, PermissionError):
                     pass
@@ -60,78 +56,49 @@ class Workers:
     def __init__(self, label: str, **env: str) -> None:
         self.queue = f"agentrun-bench-{RUN_ID}-{label}"
         self.label = label
-        self.base_env = env
+        self.group = Processes(
+            LOG_DIR,
+            cwd=ROOT,
+            drop_env=("AGENTRUN_FAILPOINTS", "AGENTRUN_TEST_LOG"),
+            env={
+                "DJANGO_SETTINGS_MODULE": "bench.settings",
+                "AGENTRUN_QUEUE": self.queue,
+                "AGENTRUN_LOG_LEVEL": "INFO",
+                **env,
+            },
+        )
         self.workers: list[Worker] = []
-        LOG_DIR.mkdir(parents=True, exist_ok=True)
         _pools.append(self)
 
     def env(self, **extra: str) -> dict[str, str]:
-        inherited = {
-            k: v
-            for k, v in os.environ.items()
-            if k not in ("AGENTRUN_FAILPOINTS", "AGENTRUN_TEST_LOG")
-        }
-        env = {
-            **inherited,
-            "DJANGO_SETTINGS_MODULE": "bench.settings",
-            "AGENTRUN_QUEUE": self.queue,
-            "AGENTRUN_LOG_LEVEL": "INFO",
-            "PYTHONUNBUFFERED": "1",
-            **self.base_env,
-            **extra,
-        }
-        return env
+        return self.group.env(**extra)
 
     def start(
         self, *, pool: str = "solo", concurrency: int = 1, wait: bool = True, **extra: str
     ) -> Worker:
-        name = f"w{len(self.workers) + 1}-{self.queue}@%h"
-        log = LOG_DIR / f"{self.label}-worker{len(self.workers) + 1}.log"
-        with open(log, "wb") as out:
-            proc = subprocess.Popen(
-                celery_worker_argv(self.queue, name, pool=pool, concurrency=concurrency),
-                cwd=ROOT,
-                env=self.env(**extra),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        worker = Worker(proc, log, name)
+        child = self.group.worker(
+            "example_project",
+            self.queue,
+            name=f"{self.label}-worker{len(self.workers) + 1}",
+            pool=pool,
+            concurrency=concurrency,
+            env=self.env(**extra),
+            ready=wait,
+        )
+        worker = Worker(child.name, child.proc, child.log_path, child.args)
         self.workers.append(worker)
-        if wait:
-            self.wait_ready(worker)
         return worker
-
-    def wait_ready(self, worker: Worker, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not worker.alive():
-                raise RuntimeError(f"worker exited early:\n{self.tail(worker)}")
-            if " ready." in worker.log.read_text(errors="replace"):
-                return
-            time.sleep(0.05)
-        raise RuntimeError(f"worker not ready after {timeout}s:\n{self.tail(worker)}")
 
     def kill(self, worker: Worker) -> None:
         """SIGKILL the whole worker (its process group), as a power cut would."""
-        try:
-            os.killpg(worker.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        worker.proc.wait(timeout=10)
+        worker.kill()
 
     def stop_all(self) -> None:
         for worker in self.workers:
-            if worker.alive():
-                try:
-                    os.killpg(worker.pid, signal.SIGTERM)
-                    worker.proc.wait(timeout=5)
-                except (ProcessLookupError, subprocess.TimeoutExpired):
-                    self.kill(worker)
+            worker.stop(grace=5)
 
     def tail(self, worker: Worker, chars: int = 3000) -> str:
-        return f"--- {worker.log} ---\n{worker.log.read_text(errors='replace')[-chars:]}"
+        return worker.tail(chars)
 
     def logs(self) -> str:
         return "\n".join(self.tail(w) for w in self.workers)

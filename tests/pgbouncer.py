@@ -10,7 +10,8 @@ DATABASE_URL's server and AGENTRUN_TEST_POOLER_PORT / AGENTRUN_TEST_POOLER_MODE 
 environment: tests/settings.py then sends every connection of the test process and of the
 workers it starts through it (tests/conftest.py creates and drops the test database on
 the direct port). Without pgbouncer (and no way to install it: `make pgbouncer`) it says
-that the tier was skipped and exits 0. Standard library only.
+that the tier was skipped and exits 0. Started and stopped through the shipped process
+manager (django_agentrun.testing.processes).
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from urllib.parse import urlsplit
+
+from django_agentrun.testing.processes import Process, Processes, free_port
 
 SKIPPED = "PgBouncer is missing (apt-get install pgbouncer): the PgBouncer tier was skipped"
 
@@ -37,12 +39,6 @@ def executable() -> str | None:
             return candidate
     debian = "/usr/sbin/pgbouncer"
     return debian if os.access(debian, os.X_OK) else None
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class PgBouncer:
@@ -63,9 +59,10 @@ class PgBouncer:
         self.user = user
         self.mode = mode
         self.pool_size = pool_size
-        self.port = _free_port()
+        self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="agentrun-pgbouncer-"))
-        self.proc: subprocess.Popen | None = None
+        self.procs = Processes(self.dir, cwd=self.dir)
+        self.proc: Process | None = None
 
     @property
     def log(self) -> Path:
@@ -112,16 +109,13 @@ class PgBouncer:
             for path in (self.dir, *self.dir.iterdir()):
                 os.chown(path, owner.pw_uid, owner.pw_gid)
             command = [binary, "-u", "postgres", str(ini)]
-        self.proc = subprocess.Popen(
-            command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        deadline = time.monotonic() + 15
-        while not self._answers():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                log = self.log.read_text() if self.log.exists() else ""
-                self.stop()
-                raise RuntimeError(f"pgbouncer did not start: {log[-2000:]}")
-            time.sleep(0.05)
+        self.proc = self.procs.start(command, name="pgbouncer-output")
+        try:
+            self.proc.wait_ready(self._answers, timeout=15)
+        except RuntimeError:
+            log = self.log.read_text() if self.log.exists() else ""
+            self.stop()
+            raise RuntimeError(f"pgbouncer did not start: {log[-2000:]}") from None
         return self
 
     def _answers(self) -> bool:
@@ -132,13 +126,13 @@ class PgBouncer:
         return True
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)  # immediate shutdown: server connections close
+        if self.proc is not None and self.proc.alive():
+            self.proc.signal(signal.SIGINT)  # immediate shutdown: server connections close
             try:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
-                self.proc.wait(timeout=10)
+        self.procs.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def env(self) -> dict[str, str]:

@@ -1,22 +1,41 @@
-"""Real processes for the tests that need them: Celery workers on Redis against the
-Postgres test database (started and SIGKILLed by `Workers`), and `wait_for`."""
+"""Real processes for the tests that need them, through the shipped process manager
+(django_agentrun.testing.processes): Celery workers on Redis against the Postgres test
+database (started and SIGKILLed by `Workers`), uvicorn (`ASGIServer`), and the waits.
+
+Workers start warm (a spare with the slow imports done becomes the worker: about a second
+instead of two and a half); AGENTRUN_TEST_COLD_WORKERS=1 starts each from scratch."""
 
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
+from django_agentrun.testing import processes
 from django_agentrun.testing.messages_api import MessagesAPIServer
-from tests.worker_process import celery_worker_argv
+from django_agentrun.testing.processes import (
+    WORKER_IMPORTS,
+    Process,
+    Processes,
+    Server,
+    Spares,
+    free_port,
+)
+
+__all__ = ["ROOT", "REDIS_URL", "ASGIServer", "Workers", "free_port", "wait_for", "wait_resting"]
 
 ROOT = Path(__file__).resolve().parents[1]
 # The Redis server of the worker tier (db 9; the fresh-project test uses db 11).
 REDIS_URL = os.environ.get("AGENTRUN_TEST_REDIS", "redis://127.0.0.1:6379").rstrip("/")
+_SPARES: list[Spares] = []  # one set of spares for the session
+
+
+def spares() -> Spares | None:
+    if os.environ.get("AGENTRUN_TEST_COLD_WORKERS"):
+        return None
+    if not _SPARES:
+        _SPARES.append(Spares(WORKER_IMPORTS, cwd=ROOT))
+    return _SPARES[0]
 
 
 class Workers:
@@ -30,12 +49,14 @@ class Workers:
         self.api = api
         self.log = log
         self.tmp = tmp
-        self.procs: list[subprocess.Popen] = []
-        self.count = 0
+        self.group = Processes(tmp, cwd=ROOT, drop_env=["AGENTRUN_FAILPOINTS"], spares=spares())
+
+    @property
+    def procs(self) -> list[Process]:
+        return self.group.procs
 
     def env(self, **extra: str) -> dict[str, str]:
         env = {
-            **os.environ,
             "DJANGO_SETTINGS_MODULE": "tests.settings",
             "AGENTRUN_TEST_DB_NAME": self.db_name,
             "AGENTRUN_QUEUE": self.queue,
@@ -44,17 +65,14 @@ class Workers:
                 "AGENTRUN_TEST_BROKER_URL", f"{REDIS_URL}/9"
             ),
             "AGENTRUN_LOG_LEVEL": "INFO",
-            "PYTHONUNBUFFERED": "1",
         }
-        env.pop("AGENTRUN_FAILPOINTS", None)
         if self.api is not None:
             env.update(
                 AGENTRUN_MODEL_CLIENT="django_agentrun.clients.anthropic.AnthropicModelClient",
                 ANTHROPIC_BASE_URL=self.api.base_url,
                 ANTHROPIC_API_KEY="test-key",
             )
-        env.update(extra)
-        return env
+        return self.group.env(**{**env, **extra})
 
     def start(
         self,
@@ -64,72 +82,45 @@ class Workers:
         failpoints: str = "",
         prefix: tuple[str, ...] = (),
         **extra: str,
-    ) -> subprocess.Popen:
+    ) -> Process:
         """A worker; `prefix` goes before its command line (e.g. to start it in another
         PID namespace)."""
-        self.count += 1
-        name = f"w{self.count}-{self.queue}@%h"
         env = self.env(**extra)
         if failpoints:
             env["AGENTRUN_FAILPOINTS"] = failpoints
-        with open(self.tmp / f"worker{self.count}.log", "wb") as out:
-            proc = subprocess.Popen(
-                [
-                    *prefix,
-                    *celery_worker_argv(self.queue, name, pool=pool, concurrency=concurrency),
-                ],
-                cwd=ROOT,
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        proc.log_path = self.tmp / f"worker{self.count}.log"  # type: ignore[attr-defined]
-        self.procs.append(proc)
-        return proc
+        return self.group.worker(
+            "example_project",
+            self.queue,
+            name=f"worker{len(self.procs) + 1}",
+            pool=pool,
+            concurrency=concurrency,
+            env=env,
+            prefix=prefix,
+        )
 
-    def kill(self, proc: subprocess.Popen) -> None:
+    def kill(self, proc: Process) -> None:
         """SIGKILL the worker and every process of its group (a power cut)."""
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=10)
+        proc.kill()
 
-    def wait_exit(self, proc: subprocess.Popen, timeout: float = 30) -> int:
+    def wait_exit(self, proc: Process, timeout: float = 30) -> int:
         return proc.wait(timeout=timeout)
 
     def logs(self) -> str:
-        return "\n".join(
-            f"--- {p.log_path.name} ---\n{p.log_path.read_text(errors='replace')[-4000:]}"  # type: ignore[attr-defined]
-            for p in self.procs
-        )
+        return self.group.logs()
 
     def stop_all(self) -> None:
         """After the test: SIGKILL every worker's group at once, then reap them. The test has
         asserted what it wanted; a warm shutdown (seconds per worker) would only cost time,
         and a killed worker is what the engine is made to survive."""
-        for proc in self.procs:
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        for proc in self.procs:
-            proc.wait(timeout=10)
+        self.group.kill_all()
+        self.group.close()
 
 
 def wait_for(
     predicate: Callable[[], object], timeout: float = 30, interval: float = 0.1, message: str = ""
 ) -> object:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {message or predicate}")
-        time.sleep(interval)
+    """Poll `predicate` until it returns something true (returned): the shipped wait."""
+    return processes.wait_for(predicate, timeout=timeout, interval=interval, message=message)
 
 
 # Where a run rests: nothing more happens without a person or a new command.
@@ -151,68 +142,22 @@ def wait_resting(
     wait_for(resting, timeout=timeout, interval=interval, message=f"run {run.pk} to rest")
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 class ASGIServer:
     """The example project under uvicorn (one process), against the test database: the
     live streams (and the whole API) as they are served."""
 
     def __init__(self, workers: Workers, log: Path, **extra: str) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
         # The worker's environment (the test database, its queue, the streams' Redis).
-        env = workers.env(**extra)
-        with open(log, "wb") as out:
-            self.proc = self._start(env, out)
-        wait_for(self._answers, timeout=30, message=f"uvicorn on {self.url} ({log})")
-
-    def _start(self, env: dict[str, str], out) -> subprocess.Popen:
-        return subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "uvicorn",
-                "example_project.asgi:application",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--log-level",
-                "warning",
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+        self.server: Server = workers.group.uvicorn(
+            "example_project.asgi:application",
+            name=log.stem,
+            log=log,
+            env=workers.env(**extra),
+            ready_path="/api/agentrun/schema/",  # it answers (403 without credentials)
         )
-
-    def _answers(self) -> bool:
-        import urllib.error
-        import urllib.request
-
-        if self.proc.poll() is not None:
-            raise AssertionError(f"uvicorn exited: {self.log.read_text()[-2000:]}")
-        try:
-            urllib.request.urlopen(f"{self.url}/api/agentrun/schema/", timeout=1)
-        except urllib.error.HTTPError:
-            return True  # it answers (403 without credentials)
-        except OSError:
-            return False
-        return True
+        self.proc = self.server.proc
+        self.port, self.url = self.server.port, self.server.url
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
+        self.server.stop(grace=10)

@@ -15,7 +15,8 @@
 `make test` splits it in two so that the slow part (building, and installing into fresh
 virtualenvs) runs while the first test stages do: `--prepare --keep DIR` does steps 1-4 up
 to the installs (both virtualenvs at once) and records them in DIR/prepared.json;
-`--prepared --keep DIR` later runs the fresh-project tests on them and removes DIR.
+`--prepared --keep DIR` later runs the fresh-project tests on them (both at once) and
+removes DIR.
 
 Needs what the fresh-project test needs: DATABASE_URL (Postgres) and Redis.
 """
@@ -90,8 +91,14 @@ def main(argv: list[str] | None = None) -> int:
                 record.write_text(json.dumps([str(p) for p in pythons]))
                 say(f"prepared in {work}")
                 return 0
-        for python, tests in zip(pythons, (None, SDIST_TESTS), strict=True):
-            fresh_project(python, tests)
+        # Both at once (each has a database, a queue and processes of its own); their
+        # output one after the other.
+        with ThreadPoolExecutor(len(pythons)) as pool:
+            outcomes = list(pool.map(fresh_project, pythons, (None, SDIST_TESTS)))
+        for python, (output, ok) in zip(pythons, outcomes, strict=True):
+            print(output, end="", flush=True)
+            if not ok:
+                raise CheckFailed(f"the fresh-project test failed on {python}")
     except CheckFailed as exc:
         print(f"release check: FAILED: {exc}", file=sys.stderr)
         return 1
@@ -207,18 +214,21 @@ def install(work: Path, archive: Path, python: str) -> Path:
     return venv / "bin" / "python"
 
 
-def fresh_project(python: Path, tests: str | None) -> None:
+def fresh_project(python: Path, tests: str | None) -> tuple[str, bool]:
+    """The fresh-project test with the project's processes on `python`: its output (and a
+    line saying how it went), and whether it passed."""
     argv = [sys.executable, "-m", "pytest", FRESH_PROJECT, "-q"]
     if tests:
         argv += ["-k", tests]
     env = {**os.environ, "AGENTRUN_TEST_PROJECT_PYTHON": str(python)}
     started = time.monotonic()
-    done = subprocess.run(argv, cwd=ROOT, env=env, text=True)
-    if done.returncode != 0:
-        raise CheckFailed(f"the fresh-project test failed on {python}")
-    say(
-        f"fresh project on {python.parent.parent.name}: passed ({time.monotonic() - started:.0f} s)"
+    done = subprocess.run(
+        argv, cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
+    verdict = "passed" if done.returncode == 0 else "FAILED"
+    took = time.monotonic() - started
+    line = f"release check: fresh project on {python.parent.parent.name}: {verdict} ({took:.0f} s)"
+    return f"{done.stdout}{line}\n", done.returncode == 0
 
 
 if __name__ == "__main__":

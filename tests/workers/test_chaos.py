@@ -27,8 +27,9 @@ from django.db import connection
 from django_agentrun import start_run
 from django_agentrun.models import Run
 from django_agentrun.testing.messages_api import Reply, step_of, text, tool_use
+from django_agentrun.testing.processes import Process
 from tests.conftest import assert_projection_matches
-from tests.processes import ROOT, Workers, wait_for
+from tests.processes import Workers, wait_for
 from tests.testapp.agents import executions
 
 pytestmark = pytest.mark.timeout(240)
@@ -140,28 +141,25 @@ def _script(body: dict) -> Reply:
 
 
 class Reaper:
+    """`reaper_loop` (a reap every second) in a process of its own, killed and restarted."""
+
     def __init__(self, workers: Workers, **env: str) -> None:
         self.workers = workers
         self.extra = env
-        self.proc: subprocess.Popen | None = None
+        self.proc: Process | None = None
         self.log = workers.tmp / "reaper.log"
 
     def start(self) -> None:
-        env = self.workers.env(**self.extra)
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tests.workers.reaper_loop", "1"],
-                cwd=ROOT,
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        self.proc = self.workers.group.start(
+            [sys.executable, "-m", "tests.workers.reaper_loop", "1"],
+            name=f"reaper{len(self.workers.procs) + 1}",
+            env=self.workers.env(**self.extra),
+        )
+        self.log = self.proc.log_path
 
     def kill(self) -> None:
         if self.proc is not None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+            self.proc.kill()
             self.proc = None
 
 

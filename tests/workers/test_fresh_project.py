@@ -22,7 +22,6 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import textwrap
@@ -36,6 +35,7 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
+from django_agentrun.testing import processes
 from tests.processes import REDIS_URL, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -246,42 +246,24 @@ def project(pristine, database, tmp_path_factory) -> Iterator[Path]:
 
 
 class Processes:
-    """Long-running processes of the test, each with a log file; stopped at the end."""
+    """Long-running processes of the test (the shipped process manager), each with a log
+    file in the project; stopped at the end."""
 
     def __init__(self, cwd: Path):
-        self.cwd = cwd
-        self.procs: dict[str, subprocess.Popen] = {}
+        self.group = processes.Processes(cwd, cwd=cwd)
 
-    def start(self, name: str, argv: list[str], **env: str) -> subprocess.Popen:
-        log = (self.cwd / f"{name}.log").open("w")
-        proc = subprocess.Popen(
-            argv,
-            cwd=self.cwd,
-            env=clean_env(**env),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        log.close()
-        self.procs[name] = proc
-        return proc
+    def start(self, name: str, argv: list[str], **env: str) -> processes.Process:
+        return self.group.start(argv, name=name, env=clean_env(**env))
 
     def log(self, name: str) -> str:
-        return (self.cwd / f"{name}.log").read_text(errors="replace")
+        return (self.group.cwd / f"{name}.log").read_text(errors="replace")
 
     def logs(self) -> str:
-        return "\n".join(f"--- {n} ---\n{self.log(n)[-3000:]}" for n in self.procs)
+        return self.group.logs(chars=3000)
 
     def stop(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=5)
+        self.group.stop_all(grace=10)
+        self.group.close()
 
 
 def readme_command(line: str, **replace_env: str) -> tuple[list[str], dict[str, str]]:
@@ -444,8 +426,7 @@ def test_fresh_project__from_the_readme_to_a_completed_run(project):
             message="a reap from beat",
         )
         # The stand-in accepted every request: three steps, then the lost run's two.
-        api.send_signal(signal.SIGTERM)
-        api.wait(timeout=10)
+        api.stop(grace=10)
         requests = [line for line in processes.log("stand-in").splitlines() if " -> " in line]
         assert [r.split(" -> ")[1] for r in requests] == ["200"] * 5, requests
         steps = [r.split()[2] for r in requests]

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from typing import Any
 
@@ -20,6 +18,8 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
+
+from django_agentrun.testing.processes import Processes
 
 SCRIPTED_CLIENT = "example_project.demo.scripted.DemoChatClient"
 ANTHROPIC_CLIENT = "django_agentrun.clients.anthropic.AnthropicModelClient"
@@ -64,7 +64,6 @@ class Command(BaseCommand):
         if model == "anthropic" and not os.environ.get("ANTHROPIC_API_KEY"):
             raise CommandError("--model anthropic needs ANTHROPIC_API_KEY.")
         env = {
-            **os.environ,
             "DJANGO_SETTINGS_MODULE": os.environ.get(
                 "DJANGO_SETTINGS_MODULE", "example_project.settings"
             ),
@@ -79,51 +78,22 @@ class Command(BaseCommand):
         signal.signal(signal.SIGTERM, _interrupt)
         call_command("migrate", verbosity=0)
         self._user(username, password)
-        python = sys.executable
-        worker = [
-            python,
-            "-m",
-            "celery",
-            "-A",
-            "example_project",
-            "worker",
-            "-Q",
-            QUEUE,
-            "-c",
-            "2",
-            "--loglevel",
-            "WARNING",
-        ]
-        server = [
-            python,
-            "-m",
-            "uvicorn",
-            "example_project.asgi:application",
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-        ]
-        children = [
-            subprocess.Popen(argv, env=env, cwd=settings.BASE_DIR, start_new_session=True)
-            for argv in (worker, server)
-        ]
+        # Their output goes to this terminal; both in sessions of their own, stopped together.
+        procs = Processes(None, cwd=settings.BASE_DIR, env=env, die_with_parent=True)
+        procs.worker("example_project", QUEUE, pool="prefork", concurrency=2, loglevel="WARNING")
+        procs.uvicorn("example_project.asgi:application", port=port, ready_path=None)
         self.stdout.write(
             f"The chat page: http://127.0.0.1:{port}/chat/ (log in as {username} / "
             f"{password}); model: {model}. Ctrl-C stops it."
         )
         try:
-            while all(child.poll() is None for child in children):
+            while all(child.alive() for child in procs.procs):
                 time.sleep(0.5)
             raise CommandError("uvicorn or the worker exited: see their output above.")
         except KeyboardInterrupt:
             self.stdout.write("Stopping.")
         finally:
-            for child in children:
-                if child.poll() is None:
-                    os.killpg(child.pid, signal.SIGTERM)
-            for child in children:
-                child.wait(timeout=20)
+            procs.stop_all(grace=20)
 
     def _user(self, username: str, password: str) -> None:
         """The page's user, allowed to start the agent and approve its tool calls (the API

@@ -33,6 +33,8 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
+from django_agentrun.testing.processes import Process, Processes
+
 INNER_ENV = "AGENTRUN_DEMO_INNER"
 DEFAULT_QUEUE = "agentrun-demo"
 FAILPOINT = "tool.after_handler=crash"
@@ -214,38 +216,22 @@ def _fresh_state(state: Path) -> None:
         (state / sub).mkdir(parents=True)
 
 
-def _die_with_parent() -> None:
-    """In a worker, before exec: get SIGKILL if the demo process dies (Linux), so none is left."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 # ---------------------------------------------------------------- the demo itself
 
 
 @dataclass
 class Worker:
     name: str
-    proc: subprocess.Popen
-    log: Path
+    proc: Process  # in a session of its own: a signal reaches its whole group
     failpoints: str
     reported: bool = False
 
-    def log_text(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
+    @property
+    def log(self) -> Path:
+        return self.proc.log_path
 
-    def signal(self, sig: int) -> None:
-        """Signal the worker's whole process group (it has its own session)."""
-        try:
-            os.killpg(self.proc.pid, sig)
-        except ProcessLookupError:
-            pass
+    def log_text(self) -> str:
+        return self.proc.log_text()
 
 
 @dataclass
@@ -263,6 +249,14 @@ class Demo:
 
     def __post_init__(self) -> None:
         self.state = Path(self.options["state_dir"])
+        # Each worker gets SIGKILL if the demo process dies, so none is left.
+        self.procs = Processes(
+            self.state / "logs",
+            cwd=settings.BASE_DIR,
+            drop_env=(INNER_ENV, "AGENTRUN_FAILPOINTS"),
+            env={"AGENTRUN_LOG_LEVEL": "INFO"},  # the worker's own log file can be chatty
+            die_with_parent=True,
+        )
         self.t0 = time.time()
         self.style = self.command.style
 
@@ -380,32 +374,11 @@ class Demo:
 
     def start_worker(self, failpoints: str = "") -> Worker:
         name = f"worker-{len(self.workers) + 1}"
-        env = {k: v for k, v in os.environ.items() if k not in (INNER_ENV, "AGENTRUN_FAILPOINTS")}
-        env["AGENTRUN_LOG_LEVEL"] = "INFO"  # the worker's own log file can be chatty
-        if failpoints:
-            env["AGENTRUN_FAILPOINTS"] = failpoints
-        log = self.state / "logs" / f"{name}.log"
-        argv = [sys.executable, "-m", "celery", "-A", "example_project", "worker"]
-        argv += [
-            "--pool=solo",
-            "--concurrency=1",
-            "-Q",
-            settings.AGENTRUN_QUEUE,
-            "-n",
-            f"{name}@%h",
-        ]
-        argv += ["--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "warning"]
-        with open(log, "wb") as out:
-            proc = subprocess.Popen(
-                argv,
-                cwd=settings.BASE_DIR,
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own group: we decide when it stops
-                preexec_fn=_die_with_parent,  # noqa: PLW1509 - single-threaded here
-            )
-        worker = Worker(name, proc, log, failpoints)
+        env = self.procs.env(**({"AGENTRUN_FAILPOINTS": failpoints} if failpoints else {}))
+        proc = self.procs.worker(
+            "example_project", settings.AGENTRUN_QUEUE, name=name, loglevel="warning", env=env
+        )
+        worker = Worker(name, proc, failpoints)
         self.workers.append(worker)
         armed = f"armed with AGENTRUN_FAILPOINTS={failpoints}" if failpoints else "no failpoints"
         self.say(f"[{name}]", f"started (celery worker, solo pool, pid {proc.pid}), {armed}")
@@ -413,19 +386,11 @@ class Demo:
 
     def stop_workers(self, grace: float = 10.0) -> None:
         """Warm shutdown of the workers still running (all at once), SIGKILL after `grace`."""
-        alive = [w for w in self.workers if w.proc.poll() is None]
+        alive = [w for w in self.workers if w.proc.alive()]
         if not alive:
             return
         self.say("demo", f"stopping {', '.join(w.name for w in alive)} (warm shutdown)")
-        for worker in alive:
-            worker.signal(signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        for worker in alive:
-            try:
-                worker.proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
-                worker.signal(signal.SIGKILL)
-                worker.proc.wait()
+        self.procs.stop_all(grace=grace)
 
     def who(self, owner: str) -> str:
         """A lease owner (host:pid:random) as a process name of this demo."""
