@@ -21,7 +21,7 @@ from ..states import ResultSource, SideEffect, ToolCallState
 from ..store import send
 from ..tools import Tool
 from . import policy
-from .step import At, Commit, Ended, Sent, Step, commit_of, interruption
+from .step import FOLLOWS, At, Commit, Ended, Sent, Step, commit_of
 
 logger = logging.getLogger(__name__)
 
@@ -33,20 +33,14 @@ def next_commit(step: Step, turn: Turn) -> Commit:
             continue  # replay: its result is recorded
         tool = step.tool(call.name)
         ended = _open_call(step, call, tool)
-        if ended is Ended.STARTED_HERE:
-            return run_call(step, turn, call, tool)
-        if ended is Ended.INTERRUPTED:
-            return interruption(step)
-        if ended is Ended.IN_FLIGHT_FOUND:
-            return settle(step, turn, call, tool)
-        if ended is Ended.ATOMIC:
-            return run_atomic(step, turn, call, tool)
+        phase = FOLLOWS[At.OPEN_CALL, ended].carries[:1]
+        if phase and phase[0] in PHASES:  # the work whose commit is next
+            return PHASES[phase[0]](step, turn, call, tool)
         if ended is Ended.TOOL_GONE:
             ending = CallEnding.synthetic(
                 ToolCallState.ERRORED, f"Tool {call.name} is no longer available."
             )
-            write = step.write()
-            return close(step, write, turn, call, ending, at=At.OPEN_CALL, ended=ended)
+            return close(step, step.write(), turn, call, ending, At.OPEN_CALL, Ended.TOOL_GONE)
         return commit_of(step, step.write(), At.OPEN_CALL, ended, turn=turn, call=call, tool=tool)
     # Every call is closed but the turn is not (a person closed the last one): close it.
     return commit_of(step, step.write(), At.OPEN_CALL, Ended.NONE_OPEN, turn=turn)
@@ -80,10 +74,10 @@ def close(
     turn: Turn,
     call: ToolCall,
     ending: CallEnding,
+    at: At,
+    ended: Ended,
     *,
     extra: dict[str, Any] | None = None,
-    at: At = At.HANDLER,
-    ended: Ended = Ended.RESULT,
 ) -> Commit:
     """Record a call's ending and fold in what follows it."""
     ctx = {"turn": turn, "call": call, "ending": ending, "extra": extra}
@@ -94,7 +88,7 @@ def run_call(step: Step, turn: Turn, call: ToolCall, tool: Tool | None) -> Commi
     """Run an in_flight call's handler (its in_flight is durable) and record its outcome."""
     failpoint("tool.before_handler", call.name)
     if step.abort.aborted:  # no handler starts once a cancel (or a lost lease) is known
-        return interruption(step)
+        return commit_of(step, step.write(), At.HANDLER, Ended.INTERRUPTED)
     key = (call.turn_index, call.tool_call_id)
     step.started.discard(key)
     step.not_started.discard(key)
@@ -110,7 +104,7 @@ def run_call(step: Step, turn: Turn, call: ToolCall, tool: Tool | None) -> Commi
         # outcome is unknown. Record nothing; recovery applies the side-effect policy.
         reason = f"Run {step.run_id}: handler stopped ({step.abort.reason})"
         return commit_of(step, step.write(), At.HANDLER, Ended.STOPPED, reason=reason)
-    return close(step, step.write(), turn, call, ending)
+    return close(step, step.write(), turn, call, ending, At.HANDLER, Ended.RESULT)
 
 
 def invoke(step: Step, tool: Tool, call: ToolCall) -> CallEnding:
@@ -173,7 +167,7 @@ def run_atomic(step: Step, turn: Turn, call: ToolCall, tool: Tool) -> Commit:
                     raise _RollBack(ending)
         except _RollBack as rollback:
             ending = rollback.ending
-        commit = close(step, step.write(), turn, call, ending)
+        commit = close(step, step.write(), turn, call, ending, At.HANDLER, Ended.RESULT)
         send(commit.write)
     commit.sent = Sent.WITH_ATOMIC_TOOL
     return commit
@@ -197,9 +191,7 @@ def settle(step: Step, turn: Turn, call: ToolCall, tool: Tool | None) -> Commit:
             ToolCallState.SUCCEEDED, decision.result, False, ResultSource.RECONCILED
         )
         extra = {"policy": "reconciled"}
-        return close(
-            step, write, turn, call, ending, extra=extra, at=At.POLICY, ended=Ended.RECONCILED
-        )
+        return close(step, write, turn, call, ending, At.POLICY, Ended.RECONCILED, extra=extra)
     ctx = {"turn": turn, "call": call, "change": (decision.reason,)}
     return commit_of(step, write, At.POLICY, Ended.UNKNOWN, **ctx)
 
@@ -218,3 +210,6 @@ def settle_only(step: Step, turn: Turn | None) -> Commit | None:
 class _RollBack(Exception):  # noqa: N818 - rolls the handler's writes back (transaction.atomic)
     def __init__(self, ending: CallEnding) -> None:
         self.ending = ending
+
+
+PHASES = {"phase:run_call": run_call, "phase:settle": settle, "phase:run_atomic": run_atomic}

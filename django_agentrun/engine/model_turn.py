@@ -43,7 +43,7 @@ from .history import (
     sanitize_content,
     user_message,
 )
-from .step import At, Commit, Ended, Step, commit_of, interruption
+from .step import At, Commit, Ended, Step, commit_of
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ def ask(step: Step, turn: Turn) -> Commit:
         req = request(step, turn)
         response, retries = call_model(step, req, deltas=streams.turn_stream(step.run, turn.index))
     except StreamAborted:
-        return interruption(step)
+        return commit_of(step, step.write(), At.ANSWER, Ended.STREAM_ABORTED)
     except ModelError as exc:
         code, message = model_failure(exc)
         failed = {"code": code, "message": message[:2000], "phase": "model"}

@@ -364,11 +364,11 @@ def follow(step: Step, write: Write, at: At, ended: Ended, ctx: dict[str, Any]) 
     while True:
         row = FOLLOWS[at, ended]
         for action in row.carries:
-            _ACTIONS[action](step, write, ctx)
+            ACTIONS[action](step, write, ctx)
         if isinstance(row.then, Then):
             return row.then
         at = row.then
-        ended = _CLASSIFY[at](step, ctx)
+        ended = CLASSIFY[at](step, ctx)
 
 
 # -- the facts each point reads -------------------------------------------------------
@@ -422,7 +422,7 @@ def interrupted(step: Step, ctx: dict[str, Any]) -> Ended:
     return Ended.LEASE_LOST
 
 
-_CLASSIFY = {At.NEXT_CALL: next_call, At.TURN_CLOSED: turn_closed, At.INTERRUPTED: interrupted}
+CLASSIFY = {At.NEXT_CALL: next_call, At.TURN_CLOSED: turn_closed, At.INTERRUPTED: interrupted}
 
 
 def _cancel_requested(run: Run) -> bool:
@@ -596,4 +596,4 @@ def _actions() -> dict[str, Any]:
     }
 
 
-_ACTIONS = _actions()
+ACTIONS = _actions()
