@@ -160,13 +160,10 @@ def run_atomic(step: Step, turn: Turn, call: ToolCall, tool: Tool) -> Commit:
     meanwhile); the result's write is fenced by the lease like every other, so if the lease
     was lost the handler's writes roll back with it."""
     with transaction.atomic():
-        try:
-            with transaction.atomic():
-                ending = invoke(step, tool, call)
-                if ending.is_error:
-                    raise _RollBack(ending)
-        except _RollBack as rollback:
-            ending = rollback.ending
+        with transaction.atomic():
+            ending = invoke(step, tool, call)
+            if ending.is_error:
+                transaction.set_rollback(True)  # the handler's writes, not the result
         commit = close(step, step.write(), turn, call, ending, At.HANDLER, Ended.RESULT)
         send(commit.write)
     commit.sent = Sent.WITH_ATOMIC_TOOL
@@ -205,11 +202,6 @@ def settle_only(step: Step, turn: Turn | None) -> Commit | None:
         if call.state == ToolCallState.IN_FLIGHT:
             return settle(step, turn, call, step.tool(call.name))
     return None
-
-
-class _RollBack(Exception):  # noqa: N818 - rolls the handler's writes back (transaction.atomic)
-    def __init__(self, ending: CallEnding) -> None:
-        self.ending = ending
 
 
 PHASES = {"phase:run_call": run_call, "phase:settle": settle, "phase:run_atomic": run_atomic}
