@@ -2,8 +2,11 @@
 lease (a heartbeat renews it) and the history, until the run ends, parks, or is handed
 back to the queue after AGENTRUN_TURNS_PER_TASK turns or AGENTRUN_TASK_SECONDS seconds.
 
-Each phase returns a `Commit` (the write and what follows it); the driver sends it, fires
-its failpoint, and asks the next phase, or stops. Commits per turn with k tool calls:
+Each phase returns a `Commit` (the write and what follows it, as step.FOLLOWS decides); the
+driver sends it, fires its failpoint, and asks the next phase, or stops: the run finished,
+parked or handed off, or (a commit with no write) the lease is lost, or must run out so
+that the next claim counts a recovery. The driver sends every write but the claim's and an
+atomic tool's result (`Sent`: each commits with more). Commits per turn with k tool calls:
 k + 1 (the answer with the first call in flight, then each result with what follows it);
 a task's claim adds one.
 """
