@@ -1,4 +1,5 @@
-"""How a tool call ended, as one value, and what names a call before its row exists."""
+"""How a tool call ended, as one value (`CallEnding`), and what names a call before its row
+exists. (What `advance` returns is the engine's `Outcome`.)"""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from .states import ResultSource
 
 
 @dataclass(frozen=True)
-class Outcome:
+class CallEnding:
     """How a tool call ended: its closed state, result (a StoredResult or a JSON value, such
     as a synthetic result's text), whether it is an error, and where it came from."""
 
@@ -19,7 +20,7 @@ class Outcome:
     source: str
 
     @classmethod
-    def synthetic(cls, state: str, text: str) -> Outcome:
+    def synthetic(cls, state: str, text: str) -> CallEnding:
         return cls(state, text, True, ResultSource.SYNTHETIC)
 
 

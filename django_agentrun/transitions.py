@@ -1,6 +1,6 @@
 """Each change of a run, turn or tool call: its state move (django-fsm, in memory, through
-moves.py, which only this module imports), its row change and its event, added to a write
-(store.Write) that the caller sends; side effects (wake-ups, signals) happen after it
+`_move`: no other module moves a state field), its row change and its event, added to a
+write (store.Write) that the caller sends; side effects (wake-ups, signals) happen after it
 commits. Shared by the engine, the services and the reaper; none of them changes a state
 field any other way."""
 
@@ -11,14 +11,15 @@ from datetime import datetime
 from typing import Any
 
 from django.utils import timezone
+from django_fsm import TransitionNotAllowed
 
 from . import signals, wakeups
 from .content import StoredResult
 from .events import EventType, payloads
+from .exceptions import InvalidTransition
 from .fields import storable_text
 from .models import Run, RunEvent, ToolCall, Turn
-from .moves import move
-from .outcomes import Outcome, call_key
+from .outcomes import CallEnding, call_key
 from .states import ResultSource, RunState, ToolCallState, TurnState
 from .store import Write, database_now, following_runs
 
@@ -47,8 +48,22 @@ def _ended(write: Write, run: Run) -> None:
         write.then(lambda: [wakeups.send(pk) for pk in following_runs(run)])
 
 
+def _move(obj: Any, target: str) -> str:
+    """The one way a state field changes: apply the django-fsm transition to `target` in
+    memory; the previous state. InvalidTransition (nothing changed) if the table has no
+    such edge."""
+    old = obj.state
+    try:
+        getattr(obj, f"to_{target}")()
+    except TransitionNotAllowed as exc:
+        raise InvalidTransition(
+            f"{type(obj).__name__} {obj.pk}: cannot go from '{old}' to '{target}'"
+        ) from exc
+    return old
+
+
 def _move_run(write: Write, run: Run, target: str) -> str:
-    old = move(run, target)
+    old = _move(run, target)
     write.expect_run(old)
     write.set_run(state=run.state)
     return old
@@ -59,7 +74,7 @@ def _move_run(write: Write, run: Run, target: str) -> str:
 
 def start_call(write: Write, call: ToolCall) -> None:
     """requested -> in_flight: its handler may start once this commits (write-ahead)."""
-    old = move(call, ToolCallState.IN_FLIGHT)
+    old = _move(call, ToolCallState.IN_FLIGHT)
     now = timezone.now()
     write.change(
         call, old, state=call.state, attempt=call.attempt + 1, started_at=now, heartbeat_at=now
@@ -70,7 +85,7 @@ def start_call(write: Write, call: ToolCall) -> None:
 def close_call(
     write: Write,
     call: ToolCall,
-    outcome: Outcome,
+    outcome: CallEnding,
     *,
     fields: dict[str, Any] | None = None,
     extra: dict[str, Any] | None = None,
@@ -79,7 +94,7 @@ def close_call(
     """Close a call with its outcome."""
     result = outcome.result
     stored = result if isinstance(result, StoredResult) else StoredResult(result)
-    old = move(call, outcome.state)
+    old = _move(call, outcome.state)
     write.change(
         call,
         old,
@@ -98,7 +113,7 @@ def approve_call(
     write: Write, call: ToolCall, decided: dict[str, Any], *, by: Any, note: str, edited: Any
 ) -> None:
     """awaiting_approval -> requested, approved (with a person's edits in `decided`)."""
-    old = move(call, ToolCallState.REQUESTED)
+    old = _move(call, ToolCallState.REQUESTED)
     write.change(call, old, state=call.state, approved=True, **decided)
     write.record(payloads.approval_granted(call, by, note, edited))
 
@@ -107,7 +122,7 @@ def retry_call(
     write: Write, call: ToolCall, decided: dict[str, Any], decision: dict[str, Any]
 ) -> None:
     """unknown -> requested: a person allows one new attempt (approved: it runs as is)."""
-    old = move(call, ToolCallState.REQUESTED)
+    old = _move(call, ToolCallState.REQUESTED)
     write.change(call, old, state=call.state, unknown_reason="", approved=True, **decided)
     write.record(payloads.tool_call_retried(call, decision))
 
@@ -131,7 +146,7 @@ def replace_result(
 
 def requeue_call(write: Write, call: ToolCall, policy: str) -> None:
     """in_flight -> requested: recovery allows a new attempt (`policy` says why)."""
-    old = move(call, ToolCallState.REQUESTED)
+    old = _move(call, ToolCallState.REQUESTED)
     write.change(call, old, state=call.state)
     write.record(payloads.tool_call_recovered(call, policy))
 
@@ -139,7 +154,7 @@ def requeue_call(write: Write, call: ToolCall, policy: str) -> None:
 def mark_unknown(write: Write, call: ToolCall, reason: str) -> None:
     """in_flight -> unknown: a person settles it."""
     reason = storable_text(reason)
-    old = move(call, ToolCallState.UNKNOWN)
+    old = _move(call, ToolCallState.UNKNOWN)
     write.change(call, old, state=call.state, unknown_reason=reason)
     write.record(payloads.tool_call_unknown(call, reason))
 
@@ -149,7 +164,7 @@ def ask_approval(
 ) -> None:
     """requested -> awaiting_approval, with what a person needs to decide. The resume token
     is never stored: whoever shows the decision mints one (tokens.approval_token)."""
-    old = move(call, ToolCallState.AWAITING_APPROVAL)
+    old = _move(call, ToolCallState.AWAITING_APPROVAL)
     write.change(call, old, state=call.state, approval_payload=payload, approval_deadline=deadline)
     write.record(payloads.approval_requested(call, payload, deadline))
 
@@ -171,7 +186,7 @@ def cancel_calls(
     `not_started`: the call_key of in_flight calls whose handler is known not to have run."""
     for call in calls:
         started = call_key(call) not in not_started
-        outcome = Outcome.synthetic(
+        outcome = CallEnding.synthetic(
             ToolCallState.CANCELLED, cancel_text(call, text, started=started)
         )
         close_call(write, call, outcome)
@@ -208,14 +223,14 @@ def answer_turn(
         return
     write.add(*calls)
     if any(not c.is_closed for c in calls):
-        old = move(turn, TurnState.AWAITING_TOOL)
+        old = _move(turn, TurnState.AWAITING_TOOL)
         write.change(turn, old, state=turn.state)
         if run is not None:
             await_tools(write, run)
         run_state = run.state if run is not None else None
         write.record(answered(turn_state=turn.state, run_state=run_state))
         return
-    old = move(turn, TurnState.COMPLETED)
+    old = _move(turn, TurnState.COMPLETED)
     write.change(turn, old, state=turn.state, finished_at=timezone.now())
     write.record(answered(turn_state=turn.state))
     write.record(payloads.turn_completed(turn))
@@ -223,7 +238,7 @@ def answer_turn(
 
 def complete_turn(write: Write, turn: Turn) -> None:
     """Every call of the turn is closed: completed."""
-    old = move(turn, TurnState.COMPLETED)
+    old = _move(turn, TurnState.COMPLETED)
     write.change(turn, old, state=turn.state, finished_at=timezone.now())
     write.record(payloads.turn_completed(turn))
 
@@ -251,7 +266,7 @@ def abandon_turn(
     else:
         open_calls = list(turn.tool_calls.open()) if turn.pk is not None else []
     cancel_calls(write, open_calls, text, not_started)
-    old = move(turn, target)
+    old = _move(turn, target)
     write.change(turn, old, state=turn.state, finished_at=timezone.now())
     write.record(
         payloads.turn_cancelled(turn)

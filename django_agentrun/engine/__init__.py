@@ -3,7 +3,6 @@ one advance; see its docstring for the phases)."""
 
 from __future__ import annotations
 
-from .driver import advance, settle_in_flight
-from .step import Outcome
+from .driver import Outcome, advance, settle_in_flight
 
 __all__ = ["Outcome", "advance", "settle_in_flight"]

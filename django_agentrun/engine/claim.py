@@ -18,9 +18,9 @@ from ..failpoints import failpoint
 from ..identity import holder_is_dead
 from ..models import Run, Turn
 from ..states import RunState
-from . import endings, guards
+from . import guards
 from .history import build_messages
-from .step import Commit, Step, Then
+from .step import At, Commit, Ended, Sent, Step, commit_of
 
 logger = logging.getLogger(__name__)
 
@@ -40,9 +40,9 @@ def claim(step: Step) -> Commit | None:
         if step.run.conversation_position and not step.settle_only:
             step.load_earlier(store.earlier_history(step.run))
         commit = decide(step)
-        if commit.write.events or commit.write.run_fields:
+        if commit.write is not None and (commit.write.events or commit.write.run_fields):
             store.send(commit.write)
-    commit.sent = True
+    commit.sent = Sent.WITH_CLAIM
     failpoint("claim.after_commit")
     return commit
 
@@ -73,37 +73,25 @@ def decide(step: Step) -> Commit:
     if step.took_over:
         transitions.record_recovery(write, run, step.lease.epoch)
     if run.cancel_requested_at is not None:
-        return _stopped(step, write, RunState.CANCELLED, run.cancel_reason or "cancelled")
+        reason = run.cancel_reason or "cancelled"
+        return commit_of(step, write, At.CLAIM, Ended.CANCEL_REQUESTED, reason=reason)
     if step.deadline_passed():
-        return _stopped(step, write, RunState.TIMED_OUT, "deadline passed")
+        return commit_of(step, write, At.CLAIM, Ended.DEADLINE_PASSED, reason="deadline passed")
     if run.state == RunState.QUEUED:
         transitions.begin_run(write, run, step.owner)
     if run.recovery_attempts > agentrun_settings.MAX_RECOVERY_ATTEMPTS:
-        return endings.fail(
-            step,
-            write,
-            "recovery_exhausted",
+        message = (
             f"The run was recovered {run.recovery_attempts} times after crashes; giving up "
-            "(AGENTRUN_MAX_RECOVERY_ATTEMPTS).",
-            "recovery",
+            "(AGENTRUN_MAX_RECOVERY_ATTEMPTS)."
         )
+        failed = {"code": "recovery_exhausted", "message": message, "phase": "recovery"}
+        return commit_of(step, write, At.CLAIM, Ended.RECOVERIES_EXHAUSTED, **failed)
     try:
         step.agent = get_agent(run.agent)
     except UnknownAgent as exc:
-        return endings.fail(step, write, "unknown_agent", str(exc), "pre_turn")
-    return Commit(write, Then.GO_ON)
-
-
-def _stopped(step: Step, write: store.Write, target: str, reason: str) -> Commit:
-    transitions.stop_run(
-        write,
-        step.run,
-        target,
-        reason,
-        turn=step.turn,
-        calls=step.calls_of(step.turn) if step.turn is not None else [],
-    )
-    return Commit(write, Then.FINISH)
+        failed = {"code": "unknown_agent", "message": str(exc), "phase": "pre_turn"}
+        return commit_of(step, write, At.CLAIM, Ended.AGENT_UNKNOWN, **failed)
+    return commit_of(step, write, At.CLAIM, Ended.CLAIMED)
 
 
 def new_turn(step: Step) -> Commit | Turn:
@@ -118,9 +106,7 @@ def new_turn(step: Step) -> Commit | Turn:
     answered = sum(1 for t in step.turns if t.content is not None)
     max_turns = config.max_turns
     if answered >= max_turns:
-        write = step.write()
-        endings.complete(step, write, "max_turns")
-        return Commit(write, Then.FINISH)
+        return commit_of(step, step.write(), At.BEFORE_TURN, Ended.TURN_LIMIT)
     budget = config.budget
     if budget:
         breach = guards.check_budget(
@@ -138,11 +124,12 @@ def new_turn(step: Step) -> Commit | Turn:
         if breach is not None:
             write = step.write()
             write.record(payloads.budget_exceeded(breach.limit, breach.projected, breach.allowed))
-            return endings.fail(step, write, "budget_exceeded", breach.message(), "pre_turn")
+            failed = {"code": "budget_exceeded", "message": breach.message(), "phase": "pre_turn"}
+            return commit_of(step, write, At.BEFORE_TURN, Ended.BUDGET_BREACHED, **failed)
     index = step.turns[-1].index + 1 if step.turns else 0
     turn = Turn(run=run, index=index, is_final=answered == max_turns - 1)
     step.turn = turn
-    return turn
+    return turn  # (At.BEFORE_TURN, Ended.ASK): the next commit is its answer
 
 
 def _estimate_next_prompt(step: Step) -> int:

@@ -2,8 +2,11 @@
 lease (a heartbeat renews it) and the history, until the run ends, parks, or is handed
 back to the queue after AGENTRUN_TURNS_PER_TASK turns or AGENTRUN_TASK_SECONDS seconds.
 
-Each phase returns a `Commit` (the write and what follows it); the driver sends it, fires
-its failpoint, and asks the next phase, or stops. Commits per turn with k tool calls:
+Each phase returns a `Commit` (the write and what follows it, as step.FOLLOWS decides); the
+driver sends it, fires its failpoint, and asks the next phase, or stops: the run finished,
+parked or handed off, or (a commit with no write) the lease is lost, or must run out so
+that the next claim counts a recovery. The driver sends every write but the claim's and an
+atomic tool's result (`Sent`: each commits with more). Commits per turn with k tool calls:
 k + 1 (the answer with the first call in flight, then each result with what follows it);
 a task's claim adds one.
 """
@@ -14,20 +17,44 @@ import logging
 import time
 from typing import Any
 
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, connection, transaction
 
 from .. import store, transitions, wakeups
 from ..abort import CANCEL_REQUESTED, AbortSignal
 from ..clients import ModelClient
 from ..conf import agentrun_settings
+from ..content import StoredResult
+from ..events import EventType, payloads
 from ..exceptions import ConcurrentUpdate, LeaseLost
 from ..failpoints import failpoint
 from ..identity import worker_identity
-from . import claim, endings, execution, model_turn
+from ..models import Run, ToolCall
+from ..outcomes import CallEnding
+from ..states import ResultSource, RunState, ToolCallState
+from . import claim, execution, model_turn
 from .heartbeat import Heartbeat
-from .step import Commit, Leave, Outcome, Step, Then
+from .step import FOLLOWS, At, Commit, Ended, Sent, Step, Then, commit_of, interruption
 
 logger = logging.getLogger(__name__)
+
+
+class Outcome:
+    """What `advance` returns."""
+
+    NOT_CLAIMED = "not_claimed"
+    CONTINUED = "continued"  # handed back to the queue: a worker goes on with it
+    PARKED = "parked"  # waits for a person
+    FINISHED = "finished"  # completed, failed, cancelled or timed out
+    LEASE_LOST = "lease_lost"  # another worker holds it now, or this one stopped in time
+
+
+OUTCOMES = {
+    Then.HAND_OFF: Outcome.CONTINUED,
+    Then.PARK: Outcome.PARKED,
+    Then.FINISH: Outcome.FINISHED,
+    Then.LEAVE: Outcome.LEASE_LOST,
+    Then.EXPIRE: Outcome.LEASE_LOST,
+}
 
 RETRY_PAUSE = 0.05  # seconds before a commit that was not written is sent again (doubling)
 
@@ -66,14 +93,17 @@ def drive(step: Step, *, heartbeat: bool = False) -> str:
     if beat is not None:
         beat.start()
     try:
-        return _send_all(step, commit)
-    except Leave as leave:
-        logger.warning("%s run_id=%s epoch=%s", leave, step.run_id, lease.epoch)
-        if leave.expire and store.expire_lease(lease):
-            # Ours still: it runs out now, so the next claim takes it over and counts the
-            # recovery (a loop of such stops ends at AGENTRUN_MAX_RECOVERY_ATTEMPTS).
-            wakeups.send(step.run_id)
-        return Outcome.LEASE_LOST
+        commit = _send_all(step, commit)
+        if commit.then in (Then.LEAVE, Then.EXPIRE):
+            logger.warning("%s run_id=%s epoch=%s", commit.reason, step.run_id, lease.epoch)
+            if commit.then is Then.EXPIRE and store.expire_lease(lease):
+                # Ours still: it runs out now, so the next claim takes it over and counts
+                # the recovery (a loop of such stops ends at AGENTRUN_MAX_RECOVERY_ATTEMPTS).
+                wakeups.send(step.run_id)
+        if commit.then is Then.PARK and commit.write.cancel_requested:
+            cancel_parked(step.run)
+            return Outcome.FINISHED
+        return OUTCOMES[commit.then]
     except LeaseLost:
         logger.warning("Lease lost run_id=%s epoch=%s", step.run_id, lease.epoch)
         return Outcome.LEASE_LOST
@@ -87,9 +117,13 @@ def drive(step: Step, *, heartbeat: bool = False) -> str:
             beat.stop()
 
 
-def _send_all(step: Step, commit: Commit) -> str:
+def _send_all(step: Step, commit: Commit) -> Commit:
+    """Send each commit and ask for the next while the run goes on here; the last one
+    (what follows it is not `GO_ON`)."""
     while True:
-        if not commit.sent:
+        if commit.write is None:
+            return commit  # stop, writing nothing
+        if commit.sent is Sent.BY_DRIVER:
             try:
                 try:
                     store.send(commit.write)
@@ -97,16 +131,14 @@ def _send_all(step: Step, commit: Commit) -> str:
                     _send_again(step, commit.write, exc)
             except (LeaseLost, ConcurrentUpdate):
                 # Refused: the run changed meanwhile. A tool that ran keeps its result.
-                if endings.keep_result(step, commit.write):
-                    raise Leave(f"Run {step.run_id} changed meanwhile; result kept") from None
+                if keep_result(step, commit.write):
+                    reason = f"Run {step.run_id} changed meanwhile; result kept"
+                    return Commit.stop(FOLLOWS[At.REFUSED, Ended.RESULT_KEPT].then, reason)
                 raise
         if commit.failpoint is not None:
             failpoint(*commit.failpoint)
         if commit.then is not Then.GO_ON:
-            if commit.then is Then.PARK and commit.write.cancel_requested:
-                endings.cancel_parked(step.run)
-                return Outcome.FINISHED
-            return commit.then.outcome
+            return commit
         if commit.write.cancel_requested and not step.abort.cancel_requested:
             step.abort.abort(CANCEL_REQUESTED)
         commit = _next(step)
@@ -146,13 +178,11 @@ def _send_again(step: Step, write: store.Write, error: DatabaseError) -> None:
 def _next(step: Step) -> Commit:
     """The next phase's commit."""
     if step.abort.aborted or step.deadline_passed():
-        return endings.interruption(step)
+        return interruption(step)
     if step.settle_only:
         commit = execution.settle_only(step, step.turn)
         if commit is None:
-            write = step.write()
-            transitions.hand_off(write, step.run)
-            return Commit(write, Then.HAND_OFF)
+            return commit_of(step, step.write(), At.SETTLED, Ended.NOTHING_LEFT)
         return commit
     turn = step.turn
     if turn is None:
@@ -166,3 +196,70 @@ def _next(step: Step) -> Commit:
     if turn.content is None:
         return model_turn.ask(step, turn)
     return execution.next_commit(step, turn)
+
+
+def cancel_parked(run: Run) -> None:
+    """A cancel request arrived as the run parked: nobody holds it now, so it applies at
+    once instead of waiting for a person."""
+    with transaction.atomic():
+        run = store.lock_run(run.pk)
+        if run.state != RunState.AWAITING_APPROVAL:
+            return
+        write = store.Write(run)
+        transitions.stop_run(write, run, RunState.CANCELLED, run.cancel_reason or "cancelled")
+        store.send(write)
+
+
+LATE = "the tool returned after its run was stopped or recovered: its result is kept"
+
+
+def keep_result(step: Step, write: store.Write) -> bool:
+    """A commit holding a tool's executed result was refused (a cancel stopped the run, or
+    recovery took the lease meanwhile). The tool ran, so its result is recorded anyway on
+    the call as it is now: closing it if it is still open (in_flight, or unknown after
+    recovery: the run then goes on as after a person's decision), or in place of the
+    synthetic result a cancel gave it. False when the commit held no executed result, or
+    another live holder of the run settles the call."""
+    change = next(
+        (
+            c
+            for c in write.changed
+            if isinstance(c.obj, ToolCall)
+            and c.fields.get("result_source") == ResultSource.EXECUTED
+        ),
+        None,
+    )
+    if change is None:
+        return False
+    fields = change.fields
+    result = StoredResult(fields["result"], fields["result_format"])
+    with transaction.atomic():
+        call, run = store.lock_call(change.obj.pk)  # the run's row, then the call's
+        kept = store.Write(run)
+        if call.state == ToolCallState.IN_FLIGHT and run.lease_owner:
+            if run.lease_expires_at is not None and run.lease_expires_at > store.database_now():
+                return False  # its new holder settles it
+        if call.state in (ToolCallState.IN_FLIGHT, ToolCallState.UNKNOWN):
+            outcome = CallEnding(
+                change.obj.state, result, fields["is_error"], ResultSource.EXECUTED
+            )
+            transitions.close_call(kept, call, outcome, extra={"late": True})
+            transitions.after_decision(kept, run, call)
+        elif call.state == ToolCallState.CANCELLED and call.result_source == ResultSource.SYNTHETIC:
+            kept.change(
+                call,
+                call.state,
+                result=result.value,
+                result_format=result.format,
+                is_error=fields["is_error"],
+                result_source=ResultSource.EXECUTED,
+            )
+            extra = {"by": None, "note": LATE}
+            kept.record(
+                payloads.call_result(call, kind=EventType.TOOL_RESULT_REPLACED, extra=extra)
+            )
+        else:
+            return False
+        store.send(kept)
+    logger.warning("%s run_id=%s tool_call_id=%s", LATE, run.pk, call.tool_call_id)
+    return True

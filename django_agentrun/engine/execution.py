@@ -1,6 +1,7 @@
 """Tool execution: the commit for the turn's next open call, in order: park for a person,
 apply the recovery policy to a call a dead worker left in flight, put a call in flight, or
-run an in-flight call's handler and record its outcome (with what follows it, endings.py).
+run an in-flight call's handler and record how it ended (with what follows it: step.py's
+table).
 A call's result and the next call's `in_flight` share one commit: both are durable before
 that handler starts, which is all write-ahead needs."""
 
@@ -11,17 +12,16 @@ from typing import Any
 
 from django.db import transaction
 
-from .. import transitions
 from ..content import stored_result
 from ..exceptions import InvalidContent, ToolCancelled, ToolError
 from ..failpoints import failpoint
 from ..models import ToolCall, Turn
-from ..outcomes import Outcome, call_key
+from ..outcomes import CallEnding
 from ..states import ResultSource, SideEffect, ToolCallState
 from ..store import send
 from ..tools import Tool
-from . import endings, policy
-from .step import Commit, Leave, Step
+from . import policy
+from .step import FOLLOWS, At, Commit, Ended, Sent, Step, commit_of
 
 logger = logging.getLogger(__name__)
 
@@ -32,39 +32,40 @@ def next_commit(step: Step, turn: Turn) -> Commit:
         if call.is_closed:
             continue  # replay: its result is recorded
         tool = step.tool(call.name)
-        if call_key(call) in step.started:
-            return run_call(step, turn, call, tool)
-        if step.abort.aborted or step.deadline_passed():
-            return endings.interruption(step)
-        if call.state == ToolCallState.UNKNOWN:
-            write = step.write()
-            return Commit(write, endings.park_unknown(step, write, call, "", already=True))
-        if call.state == ToolCallState.AWAITING_APPROVAL:
-            write = step.write()
-            return Commit(write, endings.park_for_approval(step, write, call, tool, already=True))
-        if call.state == ToolCallState.IN_FLIGHT:
-            return settle(step, turn, call, tool)
-        return request(step, turn, call, tool)
+        ended = _open_call(step, call, tool)
+        phase = FOLLOWS[At.OPEN_CALL, ended].carries[:1]
+        if phase and phase[0] in PHASES:  # the work whose commit is next
+            return PHASES[phase[0]](step, turn, call, tool)
+        if ended is Ended.TOOL_GONE:
+            ending = CallEnding.synthetic(
+                ToolCallState.ERRORED, f"Tool {call.name} is no longer available."
+            )
+            return close(step, step.write(), turn, call, ending, At.OPEN_CALL, Ended.TOOL_GONE)
+        return commit_of(step, step.write(), At.OPEN_CALL, ended, turn=turn, call=call, tool=tool)
     # Every call is closed but the turn is not (a person closed the last one): close it.
-    write = step.write()
-    transitions.complete_turn(write, turn)
-    return Commit(write, endings.after_turn(step, write, turn))
+    return commit_of(step, step.write(), At.OPEN_CALL, Ended.NONE_OPEN, turn=turn)
 
 
-def request(step: Step, turn: Turn, call: ToolCall, tool: Tool | None) -> Commit:
-    """A requested call that could not start with the commit before it."""
-    write = step.write()
+def _open_call(step: Step, call: ToolCall, tool: Tool | None) -> Ended:
+    """What the open call is: the table (step.FOLLOWS) says what its commit is."""
+    if (call.turn_index, call.tool_call_id) in step.started:
+        return Ended.STARTED_HERE
+    if step.abort.aborted or step.deadline_passed():
+        return Ended.INTERRUPTED
+    if call.state == ToolCallState.UNKNOWN:
+        return Ended.UNKNOWN
+    if call.state == ToolCallState.AWAITING_APPROVAL:
+        return Ended.AWAITING_APPROVAL
+    if call.state == ToolCallState.IN_FLIGHT:
+        return Ended.IN_FLIGHT_FOUND
+    # Requested, and could not start with the commit before it.
     if tool is None:
-        outcome = Outcome.synthetic(
-            ToolCallState.ERRORED, f"Tool {call.name} is no longer available."
-        )
-        return close(step, write, turn, call, outcome)
+        return Ended.TOOL_GONE
     if not call.approved and tool.needs_approval(call.arguments, step.run):
-        return Commit(write, endings.park_for_approval(step, write, call, tool))
+        return Ended.NEEDS_APPROVAL
     if tool.side_effect == SideEffect.ATOMIC:
-        return run_atomic(step, turn, call, tool)
-    endings.start(step, write, call)
-    return Commit(write)
+        return Ended.ATOMIC
+    return Ended.STARTS
 
 
 def close(
@@ -72,38 +73,41 @@ def close(
     write: Any,
     turn: Turn,
     call: ToolCall,
-    outcome: Outcome,
+    ending: CallEnding,
+    at: At,
+    ended: Ended,
     *,
     extra: dict[str, Any] | None = None,
 ) -> Commit:
-    """Record a call's outcome and fold in what follows it."""
-    transitions.close_call(write, call, outcome, extra=extra)
-    return Commit(write, endings.after_call(step, write, turn), ("tool.after_commit", call.name))
+    """Record a call's ending and fold in what follows it."""
+    ctx = {"turn": turn, "call": call, "ending": ending, "extra": extra}
+    return commit_of(step, write, at, ended, ("tool.after_commit", call.name), **ctx)
 
 
 def run_call(step: Step, turn: Turn, call: ToolCall, tool: Tool | None) -> Commit:
     """Run an in_flight call's handler (its in_flight is durable) and record its outcome."""
     failpoint("tool.before_handler", call.name)
     if step.abort.aborted:  # no handler starts once a cancel (or a lost lease) is known
-        return endings.interruption(step)
-    key = call_key(call)
+        return commit_of(step, step.write(), At.HANDLER, Ended.INTERRUPTED)
+    key = (call.turn_index, call.tool_call_id)
     step.started.discard(key)
     step.not_started.discard(key)
     if tool is None:  # gone between the commit and now: nothing ran
-        outcome = Outcome.synthetic(
+        ending = CallEnding.synthetic(
             ToolCallState.ERRORED, f"Tool {call.name} is no longer available."
         )
     else:
-        outcome = invoke(step, tool, call)
+        ending = invoke(step, tool, call)
     failpoint("tool.after_handler", call.name)
-    if outcome.state == ToolCallState.CANCELLED and not step.abort.cancel_requested:
+    if ending.state == ToolCallState.CANCELLED and not step.abort.cancel_requested:
         # Stopped because this worker could not keep its lease, not by a cancel: its
         # outcome is unknown. Record nothing; recovery applies the side-effect policy.
-        raise Leave(f"Run {step.run_id}: handler stopped ({step.abort.reason})", expire=True)
-    return close(step, step.write(), turn, call, outcome)
+        reason = f"Run {step.run_id}: handler stopped ({step.abort.reason})"
+        return commit_of(step, step.write(), At.HANDLER, Ended.STOPPED, reason=reason)
+    return close(step, step.write(), turn, call, ending, At.HANDLER, Ended.RESULT)
 
 
-def invoke(step: Step, tool: Tool, call: ToolCall) -> Outcome:
+def invoke(step: Step, tool: Tool, call: ToolCall) -> CallEnding:
     """Run the handler; every way it ends becomes an outcome."""
     try:
         value = tool.invoke(step.context(call), call.arguments)
@@ -129,8 +133,8 @@ def invoke(step: Step, tool: Tool, call: ToolCall) -> Outcome:
         return _executed(ToolCallState.ERRORED, bad_result(call, exc), True)
 
 
-def _executed(state: str, result: Any, is_error: bool) -> Outcome:
-    return Outcome(state, result, is_error, ResultSource.EXECUTED)
+def _executed(state: str, result: Any, is_error: bool) -> CallEnding:
+    return CallEnding(state, result, is_error, ResultSource.EXECUTED)
 
 
 def bad_result(call: ToolCall, exc: InvalidContent) -> str:
@@ -156,16 +160,14 @@ def run_atomic(step: Step, turn: Turn, call: ToolCall, tool: Tool) -> Commit:
     meanwhile); the result's write is fenced by the lease like every other, so if the lease
     was lost the handler's writes roll back with it."""
     with transaction.atomic():
-        try:
-            with transaction.atomic():
-                outcome = invoke(step, tool, call)
-                if outcome.is_error:
-                    raise _RollBack(outcome)
-        except _RollBack as rollback:
-            outcome = rollback.outcome
-        commit = close(step, step.write(), turn, call, outcome)
+        with transaction.atomic():
+            ending = invoke(step, tool, call)
+            if ending.is_error:
+                transaction.set_rollback(True)  # the handler's writes, not the result
+        commit = close(step, step.write(), turn, call, ending, At.HANDLER, Ended.RESULT)
         send(commit.write)
-    return Commit(commit.write, commit.then, commit.failpoint, sent=True)
+    commit.sent = Sent.WITH_ATOMIC_TOOL
+    return commit
 
 
 def settle(step: Step, turn: Turn, call: ToolCall, tool: Tool | None) -> Commit:
@@ -173,18 +175,22 @@ def settle(step: Step, turn: Turn, call: ToolCall, tool: Tool | None) -> Commit:
     decision = policy.decide(step, call, tool)
     write = step.write()
     if isinstance(decision, policy.Rerun):
-        transitions.requeue_call(write, call, decision.policy)
         logger.info(
             "Recovered in-flight call %s (%s) run_id=%s",
             call.tool_call_id,
             decision.policy,
             step.run_id,
         )
-        return Commit(write)
+        ctx = {"turn": turn, "call": call, "change": (decision.policy,)}
+        return commit_of(step, write, At.POLICY, Ended.RERUN, **ctx)
     if isinstance(decision, policy.Reconciled):
-        outcome = Outcome(ToolCallState.SUCCEEDED, decision.result, False, ResultSource.RECONCILED)
-        return close(step, write, turn, call, outcome, extra={"policy": "reconciled"})
-    return Commit(write, endings.park_unknown(step, write, call, decision.reason, already=False))
+        ending = CallEnding(
+            ToolCallState.SUCCEEDED, decision.result, False, ResultSource.RECONCILED
+        )
+        extra = {"policy": "reconciled"}
+        return close(step, write, turn, call, ending, At.POLICY, Ended.RECONCILED, extra=extra)
+    ctx = {"turn": turn, "call": call, "change": (decision.reason,)}
+    return commit_of(step, write, At.POLICY, Ended.UNKNOWN, **ctx)
 
 
 def settle_only(step: Step, turn: Turn | None) -> Commit | None:
@@ -198,6 +204,4 @@ def settle_only(step: Step, turn: Turn | None) -> Commit | None:
     return None
 
 
-class _RollBack(Exception):  # noqa: N818 - control flow
-    def __init__(self, outcome: Outcome) -> None:
-        self.outcome = outcome
+PHASES = {"phase:run_call": run_call, "phase:settle": settle, "phase:run_atomic": run_atomic}

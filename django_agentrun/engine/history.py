@@ -14,6 +14,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import jsonschema
+
 if TYPE_CHECKING:
     from ..clients import ModelError
 
@@ -61,6 +63,23 @@ class Segment:
     input: Any
     context: str = ""
     turns: Sequence[TurnRecord] = ()
+
+
+def segments(runs: Iterable[Any], turns: Iterable[Any], calls: Iterable[Any]) -> list[Segment]:
+    """What each earlier run of a conversation contributes (rows read at the claim, once
+    per task), its turns' results rendered once."""
+    by_turn: dict[tuple[Any, int], list[Any]] = {}
+    for call in calls:
+        by_turn.setdefault((call.run_id, call.turn_index), []).append(call)
+    records: dict[Any, list[TurnRecord]] = {}
+    for turn in turns:
+        results = [
+            c.tool_result_block() for c in by_turn.get((turn.run_id, turn.index), ()) if c.is_closed
+        ]
+        records.setdefault(turn.run_id, []).append(
+            TurnRecord(turn.index, turn.content, results, turn.stop_reason, turn.prefix)
+        )
+    return [Segment(r.input, r.context, records.get(r.pk, [])) for r in runs]
 
 
 def user_message(input: Any, context: str = "") -> dict[str, Any]:
@@ -279,6 +298,42 @@ def sanitize_content(content: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             block = {**block, "input": {}}
         clean.append(block)
     return clean
+
+
+def final_output(
+    turns: Sequence[Any], has_calls: Any, refusal: dict[str, Any] | None
+) -> dict[str, Any]:
+    """A completed run's output: the text of its last answer (with the text of the answers
+    cut off at max_tokens that it continued, joined before it), its content, a refusal."""
+    answered = [t for t in turns if t.content]
+    final = answered[-1] if answered else None
+    parts = answered[-1:]
+    for earlier in reversed(answered[:-1]):
+        if earlier.stop_reason != "max_tokens" or has_calls(earlier):
+            break
+        parts.insert(0, earlier)
+    output: dict[str, Any] = {
+        "text": "".join(text_of(t.content) for t in parts),
+        "content": final.content if final else [],
+    }
+    if refusal is not None:
+        output["refusal"] = refusal
+    return output
+
+
+def structured(text: str, schema: dict[str, Any], stop_reason: str) -> tuple[Any, str]:
+    """(the answer parsed as JSON, "") when it follows `schema`, else (None, the problem)."""
+    cut = " (the answer was cut off at max_tokens)" if stop_reason == "max_tokens" else ""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        return None, f"The final answer is not valid JSON{cut}: {exc}"
+    try:
+        jsonschema.validate(value, schema, cls=jsonschema.Draft202012Validator)
+    except jsonschema.ValidationError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
+        return None, f"The final answer does not follow the output schema at {where}: {exc.message}"
+    return value, ""
 
 
 def text_of(content: Sequence[dict[str, Any]] | None) -> str:

@@ -1,7 +1,13 @@
 """The model turn: build the request from the history in memory, call the model with the
 engine's own bounded, cancellable backoff, and commit the complete answer with its tool
 calls (the write-ahead intent) before any tool runs: the turn, its calls, the usage, and
-what follows (the first call in flight, a park for its approval, or the turn closed)."""
+what follows (step.FOLLOWS: the first call in flight, a park for its approval, or the turn
+closed).
+
+Its tool calls are intents, with the guards on them: one ToolCall per tool_use block. A
+call a guard intercepts (cut off by max_tokens, the final turn, an unknown tool, over the
+per-turn cap, bad arguments, a repeated identical call) closes at once with a synthetic
+is_error result the model can act on; the others wait in `requested`."""
 
 from __future__ import annotations
 
@@ -12,15 +18,18 @@ from functools import partial
 from typing import Any
 
 from django.db import DatabaseError
+from django.utils import timezone
 
 from .. import streams, transitions
 from ..clients import ModelError, ModelRequest, ModelResponse, StreamAborted
 from ..conf import agentrun_settings
 from ..events import payloads
 from ..failpoints import failpoint
-from ..models import Turn
-from ..states import ToolCallState, TurnState
-from . import endings, guards
+from ..models import ToolCall, Turn, idempotency_key_for
+from ..states import ResultSource, SideEffect, ToolCallState, TurnState
+from ..store import Write
+from ..tools import ToolArgumentsError, arguments_hash
+from . import guards
 from .history import (
     CONTINUE_NOTICE,
     RESUME_NOTICE,
@@ -35,8 +44,7 @@ from .history import (
     sanitize_content,
     user_message,
 )
-from .intents import intents
-from .step import Commit, Step, Then
+from .step import At, Commit, Ended, Step, commit_of
 
 logger = logging.getLogger(__name__)
 
@@ -47,18 +55,20 @@ def ask(step: Step, turn: Turn) -> Commit:
         req = request(step, turn)
         response, retries = call_model(step, req, deltas=streams.turn_stream(step.run, turn.index))
     except StreamAborted:
-        return endings.interruption(step)
+        return commit_of(step, step.write(), At.ANSWER, Ended.STREAM_ABORTED)
     except ModelError as exc:
         code, message = model_failure(exc)
-        return endings.fail(step, step.write(), code, message[:2000], "model")
+        failed = {"code": code, "message": message[:2000], "phase": "model"}
+        return commit_of(step, step.write(), At.ANSWER, Ended.MODEL_FAILED, **failed)
     except DatabaseError:
         raise
     except Exception as exc:  # noqa: BLE001 - deterministic: the same request fails again
         # The request could not be built or sent (a value the SDK cannot encode, a client
         # bug): recovering would only repeat it, so the run fails at once, saying so.
         logger.exception("Model request failed run_id=%s", step.run_id)
-        message = f"The request to the model could not be built or sent: {endings.describe(exc)}"
-        return endings.fail(step, step.write(), "model_request_failed", message[:2000], "model")
+        message = f"The request to the model could not be built or sent: {describe(exc)}"
+        failed = {"code": "model_request_failed", "message": message[:2000], "phase": "model"}
+        return commit_of(step, step.write(), At.ANSWER, Ended.REQUEST_FAILED, **failed)
     failpoint("model.before_commit")
     if has_thinking(response.content):
         # What its thinking blocks are bound to, to know later whether they still hold.
@@ -218,15 +228,12 @@ def record(step: Step, turn: Turn, response: ModelResponse, retries: int) -> Com
         # this content in the history (ids are unique across a conversation's runs too).
         # Keep it in the event only and stop here.
         transitions.answer_turn(write, turn, answer, answered, [], discarded=True)
-        return endings.fail(
-            step,
-            write,
-            "invalid_model_output",
+        message = (
             "The model returned tool_use blocks with missing, duplicate or reused ids; the "
-            "response was recorded (and paid for) but not used.",
-            "model",
-            turn=turn,
+            "response was recorded (and paid for) but not used."
         )
+        failed = {"code": "invalid_model_output", "message": message, "phase": "model"}
+        return commit_of(step, write, At.ANSWER, Ended.UNUSABLE_IDS, turn=turn, **failed)
     calls = intents(step, write, turn, blocks, truncated_id)
     exceeded = stop == "model_context_window_exceeded"
     transitions.answer_turn(
@@ -240,44 +247,143 @@ def record(step: Step, turn: Turn, response: ModelResponse, retries: int) -> Com
     )
     step.remember(turn, calls)
     if exceeded:
-        return endings.fail(
-            step,
-            write,
-            "context_window_exceeded",
-            "The conversation no longer fits the model's context window.",
-            "model",
-            turn=turn,
-        )
-    then = _then(step, write, turn, calls, stop, response)
-    return Commit(write, then, ("model.after_commit", None))
+        message = "The conversation no longer fits the model's context window."
+        failed = {"code": "context_window_exceeded", "message": message, "phase": "model"}
+        return commit_of(step, write, At.ANSWER, Ended.CONTEXT_EXCEEDED, turn=turn, **failed)
+    ended, refusal = _answered(step, turn, calls, stop, response)
+    ctx = {"turn": turn, "stop_reason": stop, "refusal": refusal}
+    return commit_of(step, write, At.ANSWER, ended, ("model.after_commit", None), **ctx)
 
 
-def _then(
-    step: Step, write: Any, turn: Turn, calls: list[Any], stop: str, response: ModelResponse
-) -> Then:
+def _answered(
+    step: Step, turn: Turn, calls: list[ToolCall], stop: str, response: ModelResponse
+) -> tuple[Ended, dict[str, Any] | None]:
+    """What the answer ended with (step.FOLLOWS says what follows it), and its refusal."""
     if any(not c.is_closed for c in calls):
-        first = next(c for c in calls if not c.is_closed)
-        if first.state == ToolCallState.REQUESTED:
-            # As if the call before it had just closed: start it, or park for its approval.
-            return endings.after_call(step, write, turn)
-        return Then.GO_ON
+        return Ended.CALLS_OPEN, None
     if calls:
-        return endings.after_turn(step, write, turn)
-    # No tools asked for: the turn is complete.
+        return Ended.CALLS_CLOSED, None
     if turn.is_final:
-        step.turns_done += 1
-        endings.complete(step, write, "max_turns")
-        return Then.FINISH
+        return Ended.FINAL_TURN, None
     continued = stop == "max_tokens" and step.config.continue_on_max_tokens
     if stop in ("pause_turn", "compaction") or continued:
         # The API paused its own loop (server tools) or stopped after compacting: the next
         # turn sends this content back as the last message and the API goes on from it.
-        return endings.after_turn(step, write, turn)
-    step.turns_done += 1
-    refusal = None
-    if stop == "refusal":
-        # The model that answered (the API may have fallen back to another) and why.
-        refusal = {"model": response.model, **(response.stop_details or {})}
-        refusal.pop("type", None)
-    endings.complete(step, write, stop, refusal=refusal)
-    return Then.FINISH
+        return Ended.PAUSED, None
+    if stop != "refusal":
+        return Ended.ANSWERED, None
+    # The model that answered (the API may have fallen back to another) and why.
+    refusal = {"model": response.model, **(response.stop_details or {})}
+    refusal.pop("type", None)
+    return Ended.ANSWERED, refusal
+
+
+def describe(value: Any) -> str:
+    """An exception as the run's error message: its type and its text."""
+    return f"{type(value).__name__}: {value}" if str(value) else type(value).__name__
+
+
+# -- the answer's tool calls: intents, and the guards on them --------------------------
+
+TRUNCATED = (
+    "This tool call was cut off by the max_tokens limit, so its arguments are incomplete; it "
+    "was not run. Make the call again with shorter arguments."
+)
+FINAL_TURN = (
+    "Not run: the turn limit of this run is reached and no more tools may be called. Answer "
+    "with what you have."
+)
+
+
+def intents(
+    step: Step, write: Write, turn: Turn, blocks: list[dict[str, Any]], truncated_id: str | None
+) -> list[ToolCall]:
+    """The calls of `turn`, built (added with the answer); their events recorded."""
+    config, run = step.config, step.run
+    cap = config.max_tool_calls_per_turn
+    threshold = config.repeat_threshold
+    window = config.repeat_window
+    history = [c.arguments_hash for c in step.all_calls()]
+    calls: list[ToolCall] = []
+    now = timezone.now()
+    for position, block in enumerate(blocks):
+        name = str(block.get("name", ""))
+        raw = block.get("input") if isinstance(block.get("input"), dict) else {}
+        state, error, arguments = _guard(step, turn, block, name, raw, position, cap, truncated_id)
+        digest = arguments_hash(name, arguments)
+        looped = state == ToolCallState.REQUESTED and guards.repeated(
+            history, digest, threshold, window
+        )
+        if looped:
+            state = ToolCallState.SKIPPED
+            error = (
+                f"Not run: this is the {threshold}th identical call of {name} with the same "
+                f"arguments within the last {max(window, threshold)} calls. Repeating it "
+                "will not help; try a different strategy or answer with what you have."
+            )
+        history.append(digest)
+        tool = step.tool(name)
+        call = ToolCall(
+            run=run,
+            turn=turn,
+            turn_index=turn.index,
+            tool_call_id=str(block.get("id", "")),
+            position=position,
+            name=name,
+            arguments=arguments,
+            arguments_hash=digest,
+            side_effect=tool.side_effect if tool else SideEffect.READ_ONLY,
+            idempotency_key=idempotency_key_for(run.pk, str(block.get("id", ""))),
+            state=state,
+            created_at=now,
+        )
+        if looped:
+            write.record(payloads.loop_detected(call, threshold))
+        write.record(payloads.tool_call_requested(call))
+        if error is not None:
+            call.result, call.is_error, call.result_source, call.finished_at = (
+                error,
+                True,
+                ResultSource.SYNTHETIC,
+                now,
+            )
+            write.record(payloads.intercepted(call))
+        calls.append(call)
+    return calls
+
+
+def _guard(
+    step: Step,
+    turn: Turn,
+    block: dict[str, Any],
+    name: str,
+    raw: dict[str, Any],
+    position: int,
+    cap: int,
+    truncated_id: str | None,
+) -> tuple[str, str | None, dict[str, Any]]:
+    """(state, synthetic error or None, canonical arguments) of one tool_use block."""
+    tool = step.tool(name)
+    if block.get("id") == truncated_id:
+        return ToolCallState.ERRORED, TRUNCATED, raw
+    if turn.is_final:
+        return ToolCallState.SKIPPED, FINAL_TURN, raw
+    if tool is None:
+        agent = step.agent
+        available = ", ".join(agent.tools) if agent and agent.tools else "none"
+        return ToolCallState.ERRORED, f"Unknown tool {name!r}. Available tools: {available}.", raw
+    if position >= cap:
+        return (
+            ToolCallState.SKIPPED,
+            f"Not run: at most {cap} tool calls are allowed per turn "
+            f"(max_tool_calls_per_turn); this was call {position + 1}.",
+            raw,
+        )
+    try:
+        return ToolCallState.REQUESTED, None, tool.validate(raw)
+    except ToolArgumentsError as exc:
+        return (
+            ToolCallState.ERRORED,
+            f"{exc} The tool was not run; fix the arguments and try again.",
+            raw,
+        )

@@ -1,79 +1,76 @@
-"""What one advance of a run knows (`Step`), and the value each of its phases ends with
-(`Commit`: a write, and what follows it) for the driver to send.
+"""What one advance of a run knows (`Step`), the value each of its phases ends with
+(`Commit`: a write, and what follows it), and the one decision of what follows a step
+(`FOLLOWS`, applied by `follow`).
 
-The other modules of the engine are the phases: claim.py decides at the claim,
-model_turn.py asks the model and records the answer, intents.py turns tool_use blocks
-into calls, execution.py runs them (policy.py says what to do with a call a dead worker
-left in flight), endings.py folds what follows a closed call or turn into the same write
-and turns an interruption into its commit; driver.py sends the commits, from the claim to
-the hand-off.
+The other modules of the engine are the phases: claim.py decides at the claim and before
+each turn, model_turn.py asks the model and records the answer with its tool calls,
+execution.py runs the calls (policy.py says what to do with a call a dead worker left in
+flight); driver.py sends the commits, from the claim to the hand-off. Each phase says
+where the run is (`At`) and what the step ended with (`Ended`); the table says what the
+write carries next and what happens after it. No phase decides that on its own.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from enum import Enum
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.utils import timezone
 
-from ..abort import AbortSignal
+from .. import signals, transitions
+from ..abort import LEASE_UNRENEWED, AbortSignal
 from ..agents import Agent
 from ..clients import ModelClient, get_model_client
 from ..conf import agentrun_settings
 from ..models import Run, ToolCall, Turn
 from ..runconfig import RunConfig
+from ..states import RunState, SideEffect, ToolCallState
 from ..store import Earlier, Lease, Write
+from ..tokens import approval_token
 from ..tools import Tool, ToolContext
-from .history import Segment, TurnRecord
+from .history import Segment, final_output, segments, structured
 
-
-class Outcome:
-    """What `advance` returns."""
-
-    NOT_CLAIMED = "not_claimed"
-    CONTINUED = "continued"  # handed back to the queue: a worker goes on with it
-    PARKED = "parked"  # waits for a person
-    FINISHED = "finished"  # completed, failed, cancelled or timed out
-    LEASE_LOST = "lease_lost"  # another worker holds it now, or this one stopped in time
+logger = logging.getLogger(__name__)
 
 
 class Then(Enum):
-    """What follows a commit."""
+    """What follows a commit (or a step that writes nothing more)."""
 
     GO_ON = "go on"  # this task goes on with the run (the lease is still held)
     HAND_OFF = "hand off"  # the lease was given back and a worker woken
     PARK = "park"  # the run waits for a person (lease given back)
     FINISH = "finish"  # the run ended (lease given back)
+    LEAVE = "leave"  # stop, writing nothing: the lease is lost (someone else holds the run)
+    EXPIRE = "expire"  # the same, letting the lease run out: the next claim counts a recovery
 
-    @property
-    def outcome(self) -> str:
-        return {
-            Then.HAND_OFF: Outcome.CONTINUED,
-            Then.PARK: Outcome.PARKED,
-            Then.FINISH: Outcome.FINISHED,
-        }[self]
+
+class Sent(Enum):
+    """Who sends a commit's write: the driver, but for two writes that commit with more."""
+
+    BY_DRIVER = "by the driver"
+    WITH_CLAIM = "with the claim's UPDATE, in one transaction"
+    WITH_ATOMIC_TOOL = "with an atomic tool's own ORM writes, in one transaction"
 
 
 @dataclass
 class Commit:
     """A step's ending or milestone, as a value: the write to send and what follows it;
-    `failpoint` (name, qualifier) fires once it is durable."""
+    `failpoint` (name, qualifier) fires once it is durable. A step that stops without
+    writing (`Then.LEAVE`, `Then.EXPIRE`) has no write, and says why (`reason`)."""
 
-    write: Write
+    write: Write | None
     then: Then = Then.GO_ON
     failpoint: tuple[str, str | None] | None = None
-    sent: bool = False  # already sent, inside the transaction that ran an atomic tool
+    sent: Sent = Sent.BY_DRIVER
+    reason: str = ""
 
-
-class Leave(Exception):  # noqa: N818 - control flow, not an error
-    """Stop without writing more: the lease was lost, or must run out (`expire`) because
-    it could not be renewed, so that the next claim counts a recovery."""
-
-    def __init__(self, reason: str, *, expire: bool = False) -> None:
-        super().__init__(reason)
-        self.expire = expire
+    @classmethod
+    def stop(cls, then: Then, reason: str) -> Commit:
+        return cls(None, then, reason=reason)
 
 
 class Step:
@@ -140,20 +137,7 @@ class Step:
     def load_earlier(self, earlier: Earlier) -> None:
         """The earlier runs of its conversation (read at the claim, once per task): what
         each contributes to the history, its turns' results rendered once."""
-        calls: dict[tuple[Any, int], list[ToolCall]] = {}
-        for call in earlier.calls:
-            calls.setdefault((call.run_id, call.turn_index), []).append(call)
-        turns: dict[Any, list[TurnRecord]] = {}
-        for turn in earlier.turns:
-            results = [
-                c.tool_result_block()
-                for c in calls.get((turn.run_id, turn.index), ())
-                if c.is_closed
-            ]
-            turns.setdefault(turn.run_id, []).append(
-                TurnRecord(turn.index, turn.content, results, turn.stop_reason, turn.prefix)
-            )
-        self.earlier = [Segment(r.input, r.context, turns.get(r.pk, [])) for r in earlier.runs]
+        self.earlier = segments(earlier.runs, earlier.turns, earlier.calls)
         self.earlier_ids = {c.tool_call_id for c in earlier.calls}
         self.earlier_version = [(r.pk, r.last_seq) for r in earlier.runs]
 
@@ -209,3 +193,408 @@ class Step:
 
 
 _OPEN_TURN = ("running", "awaiting_tool")
+
+
+# -- what follows a step: one table ---------------------------------------------------
+
+
+class At(Enum):
+    """Where the run is when a step ends: what the write being built holds so far."""
+
+    CLAIM = "claimed"  # the lease taken (the start, a recovery in the write)
+    BEFORE_TURN = "before a turn"  # no turn open; the next one would be asked
+    ANSWER = "answered"  # the model's answer and its calls are in the write
+    OPEN_CALL = "an open call"  # the open turn's first open call; nothing written yet
+    HANDLER = "handler returned"  # a call's handler ended (or could not start)
+    POLICY = "policy decided"  # the recovery policy for an in_flight call a dead worker left
+    NEXT_CALL = "a call closed"  # a call closed in the write (or the answer opened calls)
+    TURN_CLOSED = "turn closed"  # every call of the turn is closed in the write
+    SETTLED = "settled"  # the reaper's step: no in_flight call left to apply the policy to
+    INTERRUPTED = "interrupted"  # the abort signal fired or the deadline passed
+    REFUSED = "refused"  # a commit with a tool's executed result was refused; result kept
+
+
+class Ended(Enum):
+    """What a step ended with (the facts a phase reads; the table says what follows)."""
+
+    # at the claim
+    CLAIMED = "claimed"
+    CANCEL_REQUESTED = "cancel requested"
+    DEADLINE_PASSED = "deadline passed"
+    RECOVERIES_EXHAUSTED = "too many recoveries"
+    AGENT_UNKNOWN = "agent unknown"
+    # before a turn
+    TURN_LIMIT = "turn limit reached"
+    BUDGET_BREACHED = "budget would be breached"
+    ASK = "ask the model"
+    # the answer
+    MODEL_FAILED = "model call failed"
+    REQUEST_FAILED = "request could not be built or sent"
+    STREAM_ABORTED = "stream aborted"
+    UNUSABLE_IDS = "tool_use ids missing, duplicate or reused"
+    CONTEXT_EXCEEDED = "context window exceeded"
+    CALLS_OPEN = "calls to run"
+    CALLS_CLOSED = "every call closed by a guard"
+    FINAL_TURN = "no calls, final turn"
+    PAUSED = "no calls, the API goes on from it"
+    ANSWERED = "no calls, final answer"
+    # an open call
+    INTERRUPTED = "the abort signal fired or the deadline passed"
+    STARTED_HERE = "put in flight by this step"
+    UNKNOWN = "outcome unknown"
+    AWAITING_APPROVAL = "awaiting approval"
+    IN_FLIGHT_FOUND = "in flight, its executor died"
+    TOOL_GONE = "tool no longer defined"
+    NEEDS_APPROVAL = "needs approval"
+    ATOMIC = "atomic tool"
+    STARTS = "may start"
+    NONE_OPEN = "none open"
+    # a handler, the recovery policy
+    RESULT = "result"
+    STOPPED = "stopped without a cancel"
+    RERUN = "may run again"
+    RECONCILED = "reconciled: done"
+    # the next call, after one closed
+    NONE_LEFT = "no call left"
+    NOT_NOW = "not startable with this commit"
+    # a closed turn
+    LAST_TURN = "the final turn"
+    GOES_ON = "the task goes on"
+    TASK_SPENT = "the task's turns or seconds are spent"
+    # the reaper's step, an interruption, a refusal
+    NOTHING_LEFT = "nothing left"
+    LEASE_LOST = "lease lost"
+    LEASE_UNRENEWED = "lease not renewed"
+    RESULT_KEPT = "result kept"
+
+
+class Follow(NamedTuple):
+    """A row: what the write carries next (transitions, in order) and what happens after
+    it: a `Then`, or another point (`At`) whose row follows in the same write. A row whose
+    `carries` starts with `phase:` names the work whose commit comes next."""
+
+    carries: tuple[str, ...]
+    then: Then | At
+
+
+FOLLOWS: dict[tuple[At, Ended], Follow] = {
+    # The claim (its write is sent with the claim's statement).
+    (At.CLAIM, Ended.CANCEL_REQUESTED): Follow(("stop_run:cancelled",), Then.FINISH),
+    (At.CLAIM, Ended.DEADLINE_PASSED): Follow(("stop_run:timed_out",), Then.FINISH),
+    (At.CLAIM, Ended.RECOVERIES_EXHAUSTED): Follow(("fail_run",), Then.FINISH),
+    (At.CLAIM, Ended.AGENT_UNKNOWN): Follow(("fail_run",), Then.FINISH),
+    (At.CLAIM, Ended.CLAIMED): Follow((), Then.GO_ON),
+    # Before a turn: the guards that end the run first.
+    (At.BEFORE_TURN, Ended.TURN_LIMIT): Follow(("complete_run:max_turns",), Then.FINISH),
+    (At.BEFORE_TURN, Ended.BUDGET_BREACHED): Follow(("fail_run",), Then.FINISH),
+    (At.BEFORE_TURN, Ended.ASK): Follow(("phase:ask",), Then.GO_ON),
+    # The answer: the write-ahead intent, and what it carries.
+    (At.ANSWER, Ended.MODEL_FAILED): Follow(("fail_run",), Then.FINISH),
+    (At.ANSWER, Ended.REQUEST_FAILED): Follow(("fail_run",), Then.FINISH),
+    (At.ANSWER, Ended.STREAM_ABORTED): Follow((), At.INTERRUPTED),
+    (At.ANSWER, Ended.UNUSABLE_IDS): Follow(("fail_run",), Then.FINISH),
+    (At.ANSWER, Ended.CONTEXT_EXCEEDED): Follow(("fail_run",), Then.FINISH),
+    # (The answer's write moves the run to awaiting_tool with it: transitions.answer_turn.)
+    (At.ANSWER, Ended.CALLS_OPEN): Follow((), At.NEXT_CALL),
+    (At.ANSWER, Ended.CALLS_CLOSED): Follow(("count_turn",), At.TURN_CLOSED),
+    (At.ANSWER, Ended.FINAL_TURN): Follow(("count_turn",), At.TURN_CLOSED),
+    (At.ANSWER, Ended.PAUSED): Follow(("count_turn",), At.TURN_CLOSED),
+    (At.ANSWER, Ended.ANSWERED): Follow(("count_turn", "complete_run"), Then.FINISH),
+    # The open turn's first open call (nothing written yet).
+    (At.OPEN_CALL, Ended.STARTED_HERE): Follow(("phase:run_call",), At.HANDLER),
+    (At.OPEN_CALL, Ended.INTERRUPTED): Follow((), At.INTERRUPTED),
+    (At.OPEN_CALL, Ended.UNKNOWN): Follow(("park:unknown",), Then.PARK),
+    (At.OPEN_CALL, Ended.AWAITING_APPROVAL): Follow(("park:approval",), Then.PARK),
+    (At.OPEN_CALL, Ended.IN_FLIGHT_FOUND): Follow(("phase:settle",), At.POLICY),
+    (At.OPEN_CALL, Ended.TOOL_GONE): Follow(("close_call",), At.NEXT_CALL),
+    (At.OPEN_CALL, Ended.NEEDS_APPROVAL): Follow(("ask_approval", "park:approval"), Then.PARK),
+    (At.OPEN_CALL, Ended.ATOMIC): Follow(("phase:run_atomic",), At.HANDLER),
+    (At.OPEN_CALL, Ended.STARTS): Follow(("start_call",), Then.GO_ON),
+    (At.OPEN_CALL, Ended.NONE_OPEN): Follow(("complete_turn", "count_turn"), At.TURN_CLOSED),
+    # A handler ended: its result closes the call, or (stopped by a lost lease, not by a
+    # cancel: its outcome unknown) nothing is recorded and recovery applies the policy.
+    (At.HANDLER, Ended.INTERRUPTED): Follow((), At.INTERRUPTED),
+    (At.HANDLER, Ended.RESULT): Follow(("close_call",), At.NEXT_CALL),
+    (At.HANDLER, Ended.STOPPED): Follow((), Then.EXPIRE),
+    # The recovery policy for a call a dead worker left in flight (policy.py).
+    (At.POLICY, Ended.RERUN): Follow(("requeue_call",), Then.GO_ON),
+    (At.POLICY, Ended.RECONCILED): Follow(("close_call",), At.NEXT_CALL),
+    (At.POLICY, Ended.UNKNOWN): Follow(("mark_unknown", "park:unknown"), Then.PARK),
+    # A call closed: the next one starts in the same commit when it may (its intent is
+    # durable), or the run parks for its approval; none left: the turn closes.
+    (At.NEXT_CALL, Ended.NONE_LEFT): Follow(("complete_turn", "count_turn"), At.TURN_CLOSED),
+    (At.NEXT_CALL, Ended.STARTS): Follow(("start_call",), Then.GO_ON),
+    (At.NEXT_CALL, Ended.NEEDS_APPROVAL): Follow(("ask_approval", "park:approval"), Then.PARK),
+    (At.NEXT_CALL, Ended.NOT_NOW): Follow((), Then.GO_ON),  # the loop meets it next
+    # A turn closed: the run completes on its final turn, else goes on (here, or handed
+    # back to the queue after the task's turns or seconds).
+    (At.TURN_CLOSED, Ended.LAST_TURN): Follow(("complete_run:max_turns",), Then.FINISH),
+    (At.TURN_CLOSED, Ended.GOES_ON): Follow(("continue_run",), Then.GO_ON),
+    (At.TURN_CLOSED, Ended.TASK_SPENT): Follow(("continue_run", "hand_off"), Then.HAND_OFF),
+    # The reaper's step, once no in_flight call is left.
+    (At.SETTLED, Ended.NOTHING_LEFT): Follow(("hand_off",), Then.HAND_OFF),
+    # An interruption, met between two commits.
+    (At.INTERRUPTED, Ended.CANCEL_REQUESTED): Follow(("stop_run:cancelled",), Then.FINISH),
+    (At.INTERRUPTED, Ended.DEADLINE_PASSED): Follow(("stop_run:timed_out",), Then.FINISH),
+    (At.INTERRUPTED, Ended.LEASE_LOST): Follow((), Then.LEAVE),
+    (At.INTERRUPTED, Ended.LEASE_UNRENEWED): Follow((), Then.EXPIRE),
+    # A refused commit whose tool result was recorded anyway (driver.keep_result).
+    (At.REFUSED, Ended.RESULT_KEPT): Follow((), Then.LEAVE),
+}
+
+
+def commit_of(
+    step: Step,
+    write: Write,
+    at: At,
+    ended: Ended,
+    failpoint: tuple[str, str | None] | None = None,
+    **ctx: Any,
+) -> Commit:
+    """The commit of a step that ended with `ended` at `at`: the write with what the
+    table says follows folded in (or no write: the step stops)."""
+    then = follow(step, write, at, ended, ctx)
+    if then in (Then.LEAVE, Then.EXPIRE):
+        return Commit.stop(then, ctx.get("reason", ""))
+    return Commit(write, then, failpoint)
+
+
+def interruption(step: Step) -> Commit:
+    """The abort signal fired or the deadline passed, met between two commits."""
+    ctx: dict[str, Any] = {}
+    return commit_of(step, step.write(), At.INTERRUPTED, interrupted(step, ctx), **ctx)
+
+
+def follow(step: Step, write: Write, at: At, ended: Ended, ctx: dict[str, Any]) -> Then:
+    """Apply the table's rows from (`at`, `ended`) to `write` until one names what
+    happens after the commit."""
+    while True:
+        row = FOLLOWS[at, ended]
+        for action in row.carries:
+            ACTIONS[action](step, write, ctx)
+        if isinstance(row.then, Then):
+            return row.then
+        at = row.then
+        ended = CLASSIFY[at](step, ctx)
+
+
+# -- the facts each point reads -------------------------------------------------------
+
+
+def next_call(step: Step, ctx: dict[str, Any]) -> Ended:
+    """A call of the turn closed (or the answer opened calls): may the next start now?"""
+    turn = ctx["turn"]
+    following = next((c for c in step.calls_of(turn) if not c.is_closed), None)
+    if following is None:
+        return Ended.NONE_LEFT
+    if following.state != ToolCallState.REQUESTED or step.settle_only:
+        return Ended.NOT_NOW
+    if step.abort.aborted or step.deadline_passed():
+        return Ended.NOT_NOW  # the loop meets the interruption before anything starts
+    tool = step.tool(following.name)
+    if tool is None or tool.side_effect == SideEffect.ATOMIC:
+        return Ended.NOT_NOW
+    try:
+        needs_approval = not following.approved and tool.needs_approval(
+            following.arguments, step.run
+        )
+    except Exception:  # noqa: BLE001 - the loop meets it, after this result commits
+        return Ended.NOT_NOW
+    ctx["call"], ctx["tool"] = following, tool
+    return Ended.NEEDS_APPROVAL if needs_approval else Ended.STARTS
+
+
+def turn_closed(step: Step, ctx: dict[str, Any]) -> Ended:
+    """The turn closed: its run ends on the final turn, else goes on here or elsewhere."""
+    if ctx["turn"].is_final:
+        return Ended.LAST_TURN
+    if step.abort.aborted or step.may_keep_going():
+        return Ended.GOES_ON  # an interruption is met by the driver, right after this commit
+    return Ended.TASK_SPENT
+
+
+def interrupted(step: Step, ctx: dict[str, Any]) -> Ended:
+    """The abort signal fired or the deadline passed: a cancel request or a deadline
+    closes the run cleanly (its open turn and calls with synthetic results); a lost lease,
+    or one that could not be renewed, stops without writing."""
+    if step.abort.cancel_requested or _cancel_requested(step.run):
+        ctx["reason"], ctx["reread"] = step.run.cancel_reason or "cancelled", True
+        return Ended.CANCEL_REQUESTED
+    if step.deadline_passed():
+        ctx["reason"] = "deadline passed"
+        return Ended.DEADLINE_PASSED
+    ctx["reason"] = f"Run {step.run_id}: aborted ({step.abort.reason})"
+    if step.abort.reason == LEASE_UNRENEWED:
+        return Ended.LEASE_UNRENEWED
+    return Ended.LEASE_LOST
+
+
+CLASSIFY = {At.NEXT_CALL: next_call, At.TURN_CLOSED: turn_closed, At.INTERRUPTED: interrupted}
+
+
+def _cancel_requested(run: Run) -> bool:
+    """Whether the run has a cancel request (read afresh: the heartbeat saw it, not us)."""
+    found = (
+        Run.objects.filter(pk=run.pk).values_list("cancel_requested_at", "cancel_reason").first()
+    )
+    if found is None or found[0] is None:
+        return False
+    run.cancel_requested_at, run.cancel_reason = found
+    return True
+
+
+# -- what a row carries: each a transition (or two) on the write ----------------------
+
+
+def _stop_run(target: str) -> Any:
+    def stop(step: Step, write: Write, ctx: dict[str, Any]) -> None:
+        """Cancel or time the run out: its open turn and calls close with synthetic
+        results (a call put in flight by this step whose handler never ran says so)."""
+        reason = ctx["reason"]
+        if target == RunState.CANCELLED and not step.run.cancel_reason and ctx.get("reread"):
+            _cancel_requested(step.run)
+            reason = step.run.cancel_reason or reason
+        turn = step.turn
+        transitions.stop_run(
+            write,
+            step.run,
+            target,
+            reason,
+            turn=turn,
+            calls=step.calls_of(turn) if turn is not None else [],
+            not_started=frozenset(step.not_started),
+        )
+
+    return stop
+
+
+def _fail_run(step: Step, write: Write, ctx: dict[str, Any]) -> None:
+    turn = ctx.get("turn") or step.turn
+    code, phase = ctx["code"], ctx["phase"]
+    transitions.fail_run(
+        write,
+        step.run,
+        code=code,
+        message=ctx["message"],
+        phase=phase,
+        turn=turn,
+        calls=step.calls_of(turn) if turn is not None else None,
+    )
+    logger.warning("Run failed run_id=%s code=%s phase=%s", step.run.pk, code, phase)
+
+
+def _complete_run(stop_reason: str | None) -> Any:
+    def complete_run(step: Step, write: Write, ctx: dict[str, Any]) -> None:
+        complete(step, write, stop_reason or ctx["stop_reason"], refusal=ctx.get("refusal"))
+
+    return complete_run
+
+
+def complete(
+    step: Step, write: Write, stop_reason: str, *, refusal: dict[str, Any] | None = None
+) -> None:
+    """The run completes with its final answer (history.final_output); with structured
+    output, parsed and validated, or the run fails with `invalid_structured_output`."""
+    output = final_output(step.turns, lambda t: bool(step.calls_of(t)), refusal)
+    parsed = None
+    schema = step.config.output_format
+    if schema and refusal is None:
+        parsed, problem = structured(output["text"], schema["schema"], stop_reason)
+        if problem:
+            transitions.fail_run(
+                write,
+                step.run,
+                code="invalid_structured_output",
+                message=problem[:2000],
+                phase="model",
+            )
+            logger.warning("Run failed run_id=%s code=invalid_structured_output", step.run.pk)
+            return
+    transitions.complete_run(write, step.run, stop_reason, output, parsed)
+    logger.info("Run completed run_id=%s stop_reason=%s", step.run.pk, stop_reason)
+
+
+def _count_turn(step: Step, write: Write, ctx: dict[str, Any]) -> None:
+    step.turns_done += 1
+    step.turn = None
+
+
+def _start_call(step: Step, write: Write, ctx: dict[str, Any]) -> None:
+    """The call goes in flight in `write`; its handler runs once that is durable."""
+    call = ctx["call"]
+    transitions.start_call(write, call)
+    key = (call.turn_index, call.tool_call_id)
+    step.started.add(key)
+    step.not_started.add(key)
+
+
+def _ask_approval(step: Step, write: Write, ctx: dict[str, Any]) -> None:
+    """The call needs a person's approval: what they need to decide, and until when."""
+    call, tool = ctx["call"], ctx.get("tool")
+    timeout = (
+        tool.approval_timeout.total_seconds() if tool and tool.approval_timeout else None
+    ) or step.config.approval_timeout_seconds
+    payload = {
+        "tool": call.name,
+        "description": tool.description if tool else "",
+        "arguments": call.arguments,
+        "side_effect": str(call.side_effect),
+        "run_id": str(step.run_id),
+        "turn_index": call.turn_index,
+    }
+    deadline = timezone.now() + timedelta(seconds=timeout) if timeout else None
+    transitions.ask_approval(write, call, payload, deadline)
+
+
+def _park_for_approval(step: Step, write: Write, ctx: dict[str, Any]) -> None:
+    """The call and the run wait for a person's approval (the lease given back)."""
+    call, run = ctx["call"], step.run
+    transitions.park(write, run)
+    # The token is minted for the receivers, after the commit, never stored.
+    write.then(
+        lambda: signals.approval_requested.send(
+            sender=Run, run=run, tool_call=call, token=approval_token(call)
+        )
+    )
+
+
+def _park_unknown(step: Step, write: Write, ctx: dict[str, Any]) -> None:
+    """The call's outcome is unknown: it and the run wait for a person."""
+    call = ctx["call"]
+    transitions.park(write, step.run)
+    transitions.signal_after(
+        write,
+        signals.reconciliation_needed,
+        run=step.run,
+        tool_call=call,
+        reason=call.unknown_reason,
+    )
+
+
+def _actions() -> dict[str, Any]:
+    def call_change(change: Any) -> Any:
+        return lambda step, write, ctx: change(write, ctx["call"], *ctx["change"])
+
+    return {
+        "stop_run:cancelled": _stop_run(RunState.CANCELLED),
+        "stop_run:timed_out": _stop_run(RunState.TIMED_OUT),
+        "fail_run": _fail_run,
+        "complete_run": _complete_run(None),
+        "complete_run:max_turns": _complete_run("max_turns"),
+        "count_turn": _count_turn,
+        "start_call": _start_call,
+        "ask_approval": _ask_approval,
+        "park:approval": _park_for_approval,
+        "park:unknown": _park_unknown,
+        "close_call": lambda step, write, ctx: transitions.close_call(
+            write, ctx["call"], ctx["ending"], extra=ctx.get("extra")
+        ),
+        "mark_unknown": call_change(transitions.mark_unknown),
+        "requeue_call": call_change(transitions.requeue_call),
+        "complete_turn": lambda step, write, ctx: transitions.complete_turn(write, ctx["turn"]),
+        "continue_run": lambda step, write, ctx: transitions.continue_run(write, step.run),
+        "hand_off": lambda step, write, ctx: transitions.hand_off(write, step.run),
+    }
+
+
+ACTIONS = _actions()

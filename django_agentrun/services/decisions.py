@@ -127,7 +127,7 @@ def reject_tool_call(
         transitions.close_call(
             write,
             call,
-            transitions.Outcome(
+            transitions.CallEnding(
                 ToolCallState.REJECTED, declined_text(reason), True, ResultSource.PERSON
             ),
             fields=_decided(by, reason),
@@ -169,9 +169,11 @@ def resolve_tool_call(
         if action in ("done", "fail"):
             failed = f"The tool call failed (decided by a person). {note}".strip()
             outcome = (
-                transitions.Outcome(ToolCallState.SUCCEEDED, done, False, ResultSource.PERSON)
+                transitions.CallEnding(ToolCallState.SUCCEEDED, done, False, ResultSource.PERSON)
                 if action == "done"
-                else transitions.Outcome(ToolCallState.ERRORED, failed, True, ResultSource.PERSON)
+                else transitions.CallEnding(
+                    ToolCallState.ERRORED, failed, True, ResultSource.PERSON
+                )
             )
             transitions.close_call(write, call, outcome, **closing)
         elif action == "retry":

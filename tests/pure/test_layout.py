@@ -1,5 +1,5 @@
 """The code's boundaries: a module's private names stay in it, no module of the package is
-much over 400 lines, and the import contracts (pyproject's [tool.importlinter]) hold."""
+over 600 lines, and the import contracts (pyproject's [tool.importlinter]) hold."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "django_agentrun"
-MAX_LINES = 600  # issue #27: none over 600; none bent to fit a smaller number
+MAX_LINES = 600  # issue #27: modules split where the meaning splits, none over 600
 
 
 def _modules(top: Path) -> list[Path]:
