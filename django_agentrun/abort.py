@@ -21,7 +21,8 @@ LEASE_UNRENEWED = "lease could not be renewed"
 class AbortSignal:
     """A thread-safe abort flag with callbacks (like the web's AbortSignal). It fires once
     (`reason` is the first reason); a later reason is still kept (`reasons`), so a cancel
-    request seen after another abort is not lost."""
+    request seen after another abort is not lost. `aborted` is a plain attribute: the
+    engine reads it between every piece of work."""
 
     def __init__(self) -> None:
         self._event = threading.Event()
@@ -29,10 +30,7 @@ class AbortSignal:
         self._callbacks: list[Callable[[], object]] = []
         self.reason: str = ""
         self.reasons: set[str] = set()
-
-    @property
-    def aborted(self) -> bool:
-        return self._event.is_set()
+        self.aborted = False  # set once, with the event, under the lock
 
     @property
     def cancel_requested(self) -> bool:
@@ -45,6 +43,7 @@ class AbortSignal:
             if self._event.is_set():
                 return
             self.reason = reason
+            self.aborted = True
             self._event.set()
             callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:

@@ -1,7 +1,8 @@
-"""Typed settings with defaults, read live from Django settings (AGENTRUN_<NAME>).
+"""Typed settings with defaults, from Django settings (AGENTRUN_<NAME>).
 
-Every access goes to django.conf.settings, so pytest-django's `settings`
-fixture and override_settings just work.
+Each is read from django.conf.settings once and kept until an AGENTRUN_* setting changes
+(Django's `setting_changed`), so pytest-django's `settings` fixture and override_settings
+just work, and a read on the engine's hot path is an attribute read.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings as django_settings
+from django.core.signals import setting_changed
 
 DEFAULTS: dict[str, Any] = {
     # Lease held by the worker advancing a run; the heartbeat renews it.
@@ -114,12 +116,29 @@ DEFAULTS: dict[str, Any] = {
 
 
 class AgentRunSettings:
-    """Attribute access to AGENTRUN_* settings, with defaults, read on every access."""
+    """Attribute access to AGENTRUN_* settings, with defaults. A value is read from Django's
+    settings once and kept as an attribute (later reads are plain attribute reads, as DRF's
+    api_settings does) until an AGENTRUN_* setting changes (Django's `setting_changed`:
+    override_settings, pytest-django's `settings`)."""
 
     def __getattr__(self, name: str) -> Any:
         if name not in DEFAULTS:
             raise AttributeError(f"Unknown django-agentrun setting: AGENTRUN_{name}")
-        return getattr(django_settings, f"AGENTRUN_{name}", DEFAULTS[name])
+        value = getattr(django_settings, f"AGENTRUN_{name}", DEFAULTS[name])
+        self.__dict__[name] = value
+        return value
+
+    def reload(self) -> None:
+        """Forget the values read: the next read of each asks Django's settings again."""
+        self.__dict__.clear()
 
 
 agentrun_settings = AgentRunSettings()
+
+
+def _setting_changed(*, setting: str, **kwargs: Any) -> None:
+    if setting.startswith("AGENTRUN_"):
+        agentrun_settings.reload()
+
+
+setting_changed.connect(_setting_changed, dispatch_uid="django_agentrun.conf")

@@ -3,7 +3,9 @@
 Set AGENTRUN_FAILPOINTS="model.after_commit=crash,tool.before_handler=sleep:2" in a
 worker's environment; `tool.after_handler@send_message=crash` fires only for that tool. Actions: `crash` ends the process at once (os._exit, as a
 power cut would: no cleanup, no ack), `raise` raises FailpointError, `sleep:N`
-sleeps N seconds. Unset, a failpoint costs one environment lookup.
+sleeps N seconds. The engine reads what is armed once per advance of a run (`armed`, at
+its start) and fires a failpoint only when something is: unset, a failpoint costs an
+attribute check.
 """
 
 from __future__ import annotations
@@ -47,6 +49,11 @@ def _actions() -> dict[str, str]:
             actions[name] = action or "crash"
         _parsed = (raw, actions)
     return _parsed[1]
+
+
+def armed() -> dict[str, str]:
+    """What the environment arms now (name or name@qualifier -> action); {} when unset."""
+    return _actions() if os.environ.get(ENV) else {}
 
 
 def failpoint(name: str, qualifier: str | None = None) -> None:

@@ -77,12 +77,14 @@ class RunConfig:
             approval_timeout_seconds=stored.get("approval_timeout_seconds"),
         )
 
-    @property
-    def system_blocks(self) -> list[dict[str, Any]]:
-        """The system prompt as the request sends it: text blocks."""
-        if isinstance(self.system, str):
-            return [{"type": "text", "text": self.system}] if self.system else []
-        return self.system
+    # The system prompt as the request sends it: text blocks (made from `system`).
+    system_blocks: list[dict[str, Any]] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        system = self.system
+        if isinstance(system, str):
+            system = [{"type": "text", "text": system}] if system else []
+        object.__setattr__(self, "system_blocks", system)
 
     @property
     def output_format(self) -> dict[str, Any] | None:

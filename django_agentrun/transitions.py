@@ -20,7 +20,7 @@ from .exceptions import InvalidTransition
 from .fields import storable_text
 from .models import Run, RunEvent, ToolCall, Turn
 from .outcomes import CallEnding, call_key
-from .states import ResultSource, RunState, ToolCallState, TurnState
+from .states import TOOL_CALL_CLOSED, ResultSource, RunState, ToolCallState, TurnState
 from .store import Write, database_now, following_runs
 
 TURN_CLOSED = (TurnState.COMPLETED, TurnState.CANCELLED, TurnState.FAILED)
@@ -222,7 +222,7 @@ def answer_turn(
         write.record(answered(discarded=True))
         return
     write.add(*calls)
-    if any(not c.is_closed for c in calls):
+    if any(c.state not in TOOL_CALL_CLOSED for c in calls):
         old = _move(turn, TurnState.AWAITING_TOOL)
         write.change(turn, old, state=turn.state)
         if run is not None:
@@ -262,7 +262,7 @@ def abandon_turn(
         write.add(turn)
         write.record(payloads.turn_started(turn))
     if calls is not None:
-        open_calls = [c for c in calls if not c.is_closed]
+        open_calls = [c for c in calls if c.state not in TOOL_CALL_CLOSED]
     else:
         open_calls = list(turn.tool_calls.open()) if turn.pk is not None else []
     cancel_calls(write, open_calls, text, not_started)

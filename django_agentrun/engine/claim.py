@@ -17,7 +17,7 @@ from ..exceptions import UnknownAgent
 from ..failpoints import failpoint
 from ..identity import holder_is_dead
 from ..models import Run, Turn
-from ..states import RunState
+from ..states import TOOL_CALL_CLOSED, RunState
 from . import guards
 from .history import build_messages
 from .step import At, Commit, Ended, Sent, Step, commit_of
@@ -41,9 +41,10 @@ def claim(step: Step) -> Commit | None:
             step.load_earlier(store.earlier_history(step.run))
         commit = decide(step)
         if commit.write is not None and (commit.write.events or commit.write.run_fields):
-            store.send(commit.write)
+            step.store.send(commit.write)
     commit.sent = Sent.WITH_CLAIM
-    failpoint("claim.after_commit")
+    if step.failpoints:
+        failpoint("claim.after_commit")
     return commit
 
 
@@ -144,7 +145,7 @@ def _estimate_next_prompt(step: Step) -> int:
     added = sum(
         guards.estimate_tokens(c.tool_result_block()["content"])
         for c in step.calls_of(last)
-        if c.is_closed
+        if c.state in TOOL_CALL_CLOSED
     )
     prompt = last.input_tokens + last.cache_creation_input_tokens + last.cache_read_input_tokens
     return prompt + last.output_tokens + added

@@ -126,7 +126,7 @@ def _send_all(step: Step, commit: Commit) -> Commit:
         if commit.sent is Sent.BY_DRIVER:
             try:
                 try:
-                    store.send(commit.write)
+                    step.store.send(commit.write)
                 except DatabaseError as exc:
                     _send_again(step, commit.write, exc)
             except (LeaseLost, ConcurrentUpdate):
@@ -135,7 +135,7 @@ def _send_all(step: Step, commit: Commit) -> Commit:
                     reason = f"Run {step.run_id} changed meanwhile; result kept"
                     return Commit.stop(FOLLOWS[At.REFUSED, Ended.RESULT_KEPT].then, reason)
                 raise
-        if commit.failpoint is not None:
+        if commit.failpoint is not None and step.failpoints:
             failpoint(*commit.failpoint)
         if commit.then is not Then.GO_ON:
             return commit
@@ -169,7 +169,7 @@ def _send_again(step: Step, write: store.Write, error: DatabaseError) -> None:
         time.sleep(pause)
         pause = min(pause * 2, 1.0)
         try:
-            store.send(write)
+            step.store.send(write)
             return
         except DatabaseError as exc:
             error = exc
@@ -188,7 +188,8 @@ def _next(step: Step) -> Commit:
     if turn is None:
         if step.turns_done:
             # The turn is closed and committed; the next one not yet begun (nor enqueued).
-            failpoint("turn.before_enqueue")
+            if step.failpoints:
+                failpoint("turn.before_enqueue")
         made = claim.new_turn(step)
         if isinstance(made, Commit):
             return made

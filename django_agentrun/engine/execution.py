@@ -11,15 +11,15 @@ import logging
 from typing import Any
 
 from django.db import transaction
+from django.utils import timezone
 
 from ..content import stored_result
 from ..exceptions import InvalidContent, ToolCancelled, ToolError
 from ..failpoints import failpoint
 from ..models import ToolCall, Turn
 from ..outcomes import CallEnding
-from ..states import ResultSource, SideEffect, ToolCallState
-from ..store import send
-from ..tools import Tool
+from ..states import TOOL_CALL_CLOSED, ResultSource, SideEffect, ToolCallState
+from ..tools import Tool, ToolContext
 from . import policy
 from .step import FOLLOWS, At, Commit, Ended, Sent, Step, commit_of
 
@@ -29,7 +29,7 @@ logger = logging.getLogger(__name__)
 def next_commit(step: Step, turn: Turn) -> Commit:
     """The commit for the first open call of `turn` (or closing the turn when none is)."""
     for call in step.calls_of(turn):
-        if call.is_closed:
+        if call.state in TOOL_CALL_CLOSED:
             continue  # replay: its result is recorded
         tool = step.tool(call.name)
         ended = _open_call(step, call, tool)
@@ -86,7 +86,8 @@ def close(
 
 def run_call(step: Step, turn: Turn, call: ToolCall, tool: Tool | None) -> Commit:
     """Run an in_flight call's handler (its in_flight is durable) and record its outcome."""
-    failpoint("tool.before_handler", call.name)
+    if step.failpoints:
+        failpoint("tool.before_handler", call.name)
     if step.abort.aborted:  # no handler starts once a cancel (or a lost lease) is known
         return commit_of(step, step.write(), At.HANDLER, Ended.INTERRUPTED)
     key = (call.turn_index, call.tool_call_id)
@@ -98,7 +99,8 @@ def run_call(step: Step, turn: Turn, call: ToolCall, tool: Tool | None) -> Commi
         )
     else:
         ending = invoke(step, tool, call)
-    failpoint("tool.after_handler", call.name)
+    if step.failpoints:
+        failpoint("tool.after_handler", call.name)
     if ending.state == ToolCallState.CANCELLED and not step.abort.cancel_requested:
         # Stopped because this worker could not keep its lease, not by a cancel: its
         # outcome is unknown. Record nothing; recovery applies the side-effect policy.
@@ -107,10 +109,28 @@ def run_call(step: Step, turn: Turn, call: ToolCall, tool: Tool | None) -> Commi
     return close(step, step.write(), turn, call, ending, At.HANDLER, Ended.RESULT)
 
 
+def tool_context(step: Step, call: ToolCall) -> ToolContext:
+    """What the handler (or reconcile check) of `call` knows and cooperates through."""
+
+    def beat() -> None:
+        ToolCall.objects.filter(pk=call.pk).update(heartbeat_at=timezone.now())
+
+    return ToolContext(
+        run_id=step.run.pk,
+        tool_call_id=call.tool_call_id,
+        idempotency_key=call.idempotency_key,
+        attempt=call.attempt,
+        tool_name=call.name,
+        abort=step.abort,
+        heartbeat=beat,
+        holder=step.owner,
+    )
+
+
 def invoke(step: Step, tool: Tool, call: ToolCall) -> CallEnding:
     """Run the handler; every way it ends becomes an outcome."""
     try:
-        value = tool.invoke(step.context(call), call.arguments)
+        value = tool.invoke(tool_context(step, call), call.arguments)
     except ToolCancelled as exc:
         # The handler had started: whatever it did before it stopped may have taken effect.
         text = (
@@ -165,14 +185,14 @@ def run_atomic(step: Step, turn: Turn, call: ToolCall, tool: Tool) -> Commit:
             if ending.is_error:
                 transaction.set_rollback(True)  # the handler's writes, not the result
         commit = close(step, step.write(), turn, call, ending, At.HANDLER, Ended.RESULT)
-        send(commit.write)
+        step.store.send(commit.write)
     commit.sent = Sent.WITH_ATOMIC_TOOL
     return commit
 
 
 def settle(step: Step, turn: Turn, call: ToolCall, tool: Tool | None) -> Commit:
     """The executor of this in_flight call died: apply the recovery policy (policy.py)."""
-    decision = policy.decide(step, call, tool)
+    decision = policy.decide(step, call, tool, tool_context(step, call))
     write = step.write()
     if isinstance(decision, policy.Rerun):
         logger.info(

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from decimal import ROUND_HALF_EVEN, Decimal
 from typing import Any
 
-from ..catalog import US_ONLY_MULTIPLIER, model_info
+from ..catalog import US_ONLY_MULTIPLIER, Prices, model_info
 from ..media import block_tokens
 from ..tools import canonical_json
 
@@ -24,8 +24,14 @@ def _int(value: Any) -> int:
 
 
 def cost_of(model: str, usage: Mapping[str, Any]) -> Decimal:
-    """USD cost of one response's usage at `model`'s prices (catalog/), rounded to the
-    micro-dollar the run's counter keeps; 0 for a model the table does not price.
+    """USD cost of one response's usage at `model`'s prices (catalog/): see `price`."""
+    info = model_info(model)
+    return price(info.prices if info is not None else None, usage)
+
+
+def price(prices: Prices | None, usage: Mapping[str, Any]) -> Decimal:
+    """USD cost of one response's usage at `prices` (a model's, catalog/), rounded to the
+    micro-dollar the run's counter keeps; 0 for a model the table does not price (None).
 
     Cache writes are priced by TTL (usage.cache_creation; the flat
     cache_creation_input_tokens as 5-minute writes when the response has no split), and
@@ -34,8 +40,7 @@ def cost_of(model: str, usage: Mapping[str, Any]) -> Decimal:
     response whose usage.inference_geo is "us" (US-only inference) at 1.1x, on every token
     category; the server tools' per-request fees at their price (UNSOURCED either way).
     """
-    info = model_info(model)
-    if info is None:
+    if prices is None:
         return Decimal(0)
     inp = _int(usage.get("input_tokens"))
     out = _int(usage.get("output_tokens"))
@@ -46,7 +51,8 @@ def cost_of(model: str, usage: Mapping[str, Any]) -> Decimal:
         write_1h = _int(split.get("ephemeral_1h_input_tokens"))
     else:
         write_5m, write_1h = _int(usage.get("cache_creation_input_tokens")), 0
-    prices = info.prices.for_prompt(inp + write_5m + write_1h + read)
+    if prices.bands:
+        prices = prices.for_prompt(inp + write_5m + write_1h + read)
     tokens = (
         inp * prices.input
         + out * prices.output

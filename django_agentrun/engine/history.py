@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import jsonschema
 
+from ..states import TOOL_CALL_CLOSED
+
 if TYPE_CHECKING:
     from ..clients import ModelError
 
@@ -74,7 +76,9 @@ def segments(runs: Iterable[Any], turns: Iterable[Any], calls: Iterable[Any]) ->
     records: dict[Any, list[TurnRecord]] = {}
     for turn in turns:
         results = [
-            c.tool_result_block() for c in by_turn.get((turn.run_id, turn.index), ()) if c.is_closed
+            c.tool_result_block()
+            for c in by_turn.get((turn.run_id, turn.index), ())
+            if c.state in TOOL_CALL_CLOSED
         ]
         records.setdefault(turn.run_id, []).append(
             TurnRecord(turn.index, turn.content, results, turn.stop_reason, turn.prefix)

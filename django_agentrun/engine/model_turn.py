@@ -26,7 +26,7 @@ from ..conf import agentrun_settings
 from ..events import payloads
 from ..failpoints import failpoint
 from ..models import ToolCall, Turn, idempotency_key_for
-from ..states import ResultSource, SideEffect, ToolCallState, TurnState
+from ..states import TOOL_CALL_CLOSED, ResultSource, SideEffect, ToolCallState, TurnState
 from ..store import Write
 from ..tools import ToolArgumentsError, arguments_hash
 from . import guards
@@ -53,7 +53,10 @@ def ask(step: Step, turn: Turn) -> Commit:
     """Ask the model for this turn's answer; the commit that records it."""
     try:
         req = request(step, turn)
-        response, retries = call_model(step, req, deltas=streams.turn_stream(step.run, turn.index))
+        deltas = (
+            streams.TurnStream(step.publisher, step.run, turn.index) if step.publisher else None
+        )
+        response, retries = call_model(step, req, deltas=deltas)
     except StreamAborted:
         return commit_of(step, step.write(), At.ANSWER, Ended.STREAM_ABORTED)
     except ModelError as exc:
@@ -69,7 +72,8 @@ def ask(step: Step, turn: Turn) -> Commit:
         message = f"The request to the model could not be built or sent: {describe(exc)}"
         failed = {"code": "model_request_failed", "message": message[:2000], "phase": "model"}
         return commit_of(step, step.write(), At.ANSWER, Ended.REQUEST_FAILED, **failed)
-    failpoint("model.before_commit")
+    if step.failpoints:
+        failpoint("model.before_commit")
     if has_thinking(response.content):
         # What its thinking blocks are bound to, to know later whether they still hold.
         turn.prefix = prefix_hash(req.model, req.system, req.tools, req.messages)
@@ -138,7 +142,9 @@ def _records(step: Step) -> list[TurnRecord]:
             record = TurnRecord(
                 index=t.index,
                 content=t.content,
-                results=[c.tool_result_block() for c in step.calls_of(t) if c.is_closed],
+                results=[
+                    c.tool_result_block() for c in step.calls_of(t) if c.state in TOOL_CALL_CLOSED
+                ],
                 stop_reason=t.stop_reason,
                 prefix=t.prefix,
             )
@@ -196,7 +202,7 @@ def record(step: Step, turn: Turn, response: ModelResponse, retries: int) -> Com
     content = sanitize_content(response.content)
     usage = response.usage.as_dict()
     billed = response.usage.as_billed()  # with cache writes by TTL and server tool use
-    cost = guards.cost_of(step.config.model, billed)
+    cost = guards.price(step.prices, billed)
     stop = response.stop_reason or ""
     blocks = [b for b in content if b.get("type") == "tool_use"]
     truncated_id = (
@@ -259,7 +265,7 @@ def _answered(
     step: Step, turn: Turn, calls: list[ToolCall], stop: str, response: ModelResponse
 ) -> tuple[Ended, dict[str, Any] | None]:
     """What the answer ended with (step.FOLLOWS says what follows it), and its refusal."""
-    if any(not c.is_closed for c in calls):
+    if any(c.state not in TOOL_CALL_CLOSED for c in calls):
         return Ended.CALLS_OPEN, None
     if calls:
         return Ended.CALLS_CLOSED, None

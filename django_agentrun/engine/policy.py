@@ -18,7 +18,7 @@ from ..content import stored_result
 from ..exceptions import InvalidContent
 from ..models import ToolCall
 from ..states import SideEffect
-from ..tools import Tool
+from ..tools import Tool, ToolContext
 from .step import Step
 
 logger = logging.getLogger(__name__)
@@ -50,8 +50,8 @@ Decision = Rerun | Reconciled | Unknown
 RERUNNABLE = (SideEffect.READ_ONLY, SideEffect.IDEMPOTENT_WRITE, SideEffect.ATOMIC)
 
 
-def decide(step: Step, call: ToolCall, tool: Tool | None) -> Decision:
-    """The policy for one in_flight call (a reconcile check runs here)."""
+def decide(step: Step, call: ToolCall, tool: Tool | None, context: ToolContext) -> Decision:
+    """The policy for one in_flight call (a reconcile check runs here, with `context`)."""
     if call.side_effect in RERUNNABLE and tool is not None:
         return Rerun("rerun")
     if tool is None:
@@ -61,7 +61,7 @@ def decide(step: Step, call: ToolCall, tool: Tool | None) -> Decision:
             "The call was in flight when its worker died and the tool has no reconcile check."
         )
     try:
-        found = tool.invoke_reconcile(step.context(call), call.arguments)
+        found = tool.invoke_reconcile(context, call.arguments)
     except Exception as exc:  # noqa: BLE001 - a failing check: a person decides
         logger.exception("Reconcile check of %s failed run_id=%s", call.name, step.run_id)
         return Unknown(f"The reconcile check failed with {type(exc).__name__}.")

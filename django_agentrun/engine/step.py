@@ -21,17 +21,18 @@ from typing import Any, NamedTuple
 
 from django.utils import timezone
 
-from .. import signals, transitions
+from .. import failpoints, signals, streams, transitions
 from ..abort import LEASE_UNRENEWED, AbortSignal
 from ..agents import Agent
+from ..catalog import Prices, model_info
 from ..clients import ModelClient, get_model_client
 from ..conf import agentrun_settings
 from ..models import Run, ToolCall, Turn
 from ..runconfig import RunConfig
-from ..states import RunState, SideEffect, ToolCallState
-from ..store import Earlier, Lease, Write
+from ..states import TOOL_CALL_CLOSED, RunState, SideEffect, ToolCallState
+from ..store import Earlier, Lease, Write, chosen
 from ..tokens import approval_token
-from ..tools import Tool, ToolContext
+from ..tools import Tool
 from .history import Segment, final_output, segments, structured
 
 logger = logging.getLogger(__name__)
@@ -75,7 +76,9 @@ class Commit:
 
 class Step:
     """One advance of one run under its lease: the run, its history in memory (turns and,
-    per turn, its calls in order), the turn being worked on, and the lease's abort signal."""
+    per turn, its calls in order), the turn being worked on, and the lease's abort signal;
+    and what it resolves once, at its start: the store its writes go to, the streams'
+    publisher (None: no live streams), the failpoints armed, the model's prices."""
 
     def __init__(
         self,
@@ -92,6 +95,10 @@ class Step:
         self.abort = abort
         self._client = client
         self._config: tuple[Any, RunConfig] | None = None  # (the stored form, its RunConfig)
+        self.prices: Prices | None = None  # the run's model's (catalog/), read with `config`
+        self.store = chosen()
+        self.publisher = streams.publisher()
+        self.failpoints = failpoints.armed()
         self.settle_only = settle_only  # the reaper's step: the recovery policy only
         self.steal_from = steal_from
         self.lease: Lease | None = None
@@ -114,10 +121,13 @@ class Step:
 
     @property
     def config(self) -> RunConfig:
-        """The run's configuration, built once per run row read (a claim)."""
+        """The run's configuration, built once per run row read (a claim), and its model's
+        prices with it (`prices`: None for a model the table does not price)."""
         stored = self.run.config
         if self._config is None or self._config[0] is not stored:
             self._config = (stored, RunConfig.of(stored))
+            info = model_info(self._config[1].model)
+            self.prices = info.prices if info is not None else None
         return self._config[1]
 
     @property
@@ -159,24 +169,7 @@ class Step:
 
     def write(self) -> Write:
         """A new write of this run under the lease."""
-        return Write(self.run, self.lease)
-
-    def context(self, call: ToolCall) -> ToolContext:
-        """What the handler (or reconcile check) of `call` knows and cooperates through."""
-
-        def beat() -> None:
-            ToolCall.objects.filter(pk=call.pk).update(heartbeat_at=timezone.now())
-
-        return ToolContext(
-            run_id=self.run.pk,
-            tool_call_id=call.tool_call_id,
-            idempotency_key=call.idempotency_key,
-            attempt=call.attempt,
-            tool_name=call.name,
-            abort=self.abort,
-            heartbeat=beat,
-            holder=self.owner,
-        )
+        return Write(self.run, self.lease, nudge=streams.notify if self.publisher else None)
 
     def deadline_passed(self) -> bool:
         return self.run.deadline is not None and self.run.deadline <= timezone.now()
@@ -384,7 +377,7 @@ def follow(step: Step, write: Write, at: At, ended: Ended, ctx: dict[str, Any]) 
 def next_call(step: Step, ctx: dict[str, Any]) -> Ended:
     """A call of the turn closed (or the answer opened calls): may the next start now?"""
     turn = ctx["turn"]
-    following = next((c for c in step.calls_of(turn) if not c.is_closed), None)
+    following = next((c for c in step.calls_of(turn) if c.state not in TOOL_CALL_CLOSED), None)
     if following is None:
         return Ended.NONE_LEFT
     if following.state != ToolCallState.REQUESTED or step.settle_only:

@@ -13,9 +13,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Protocol
 
-from django.db import connection, connections, transaction
+from django.db import connection, connections
 
-from .. import streams
 from ..models import Run
 from .portable import PortableStore
 from .postgres import PostgresStore
@@ -93,15 +92,12 @@ def chosen(alias: str | None = None) -> Store:
 
 
 def send(write: Write) -> Write:
-    """Send `write` (one statement on Postgres: alone in autocommit it is its own
-    transaction, all or nothing; inside a caller's transaction it is one more statement of
-    it). Its callbacks run after the commit, at once when it was its own transaction, else
-    when the caller's commits. A refused write changes nothing and raises LeaseLost or
-    ConcurrentUpdate (writes.refused)."""
-    store = _CHOSEN.get(connection.alias) or chosen()
-    store.send(write)
-    for callback in write.after_commit:
-        transaction.on_commit(callback)
-    if write.events:
-        streams.notify_after_commit(write.run, write.run.last_seq)
+    """Send `write` through the store of the default connection (one statement on Postgres:
+    alone in autocommit it is its own transaction, all or nothing; inside a caller's
+    transaction it is one more statement of it). Its callbacks and its nudge to the run's
+    stream readers run after the commit (writes.sent), at once when it was its own
+    transaction, else when the caller's commits. A refused write changes nothing and raises
+    LeaseLost or ConcurrentUpdate (writes.refused). The engine holds its store (`Step.store`)
+    and sends through it directly."""
+    (_CHOSEN.get(connection.alias) or chosen()).send(write)
     return write

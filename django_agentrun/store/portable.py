@@ -15,7 +15,7 @@ from ..conf import agentrun_settings
 from ..models import Run, RunEvent, ToolCall, Turn
 from ..states import RunState
 from .rows import Result, orm_rows
-from .writes import Lease, Write, refused, settle
+from .writes import Lease, Write, refused, sent, settle
 
 CLAIMABLE = (RunState.QUEUED, RunState.RUNNING, RunState.AWAITING_TOOL)
 
@@ -132,6 +132,7 @@ class PortableStore:
     def send(self, write: Write) -> None:
         with transaction.atomic():
             _send(write)
+        sent(write)
 
 
 def _fenced(lease: Lease) -> Any:

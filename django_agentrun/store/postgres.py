@@ -23,7 +23,7 @@ from ..fields import StorableJSONEncoder
 from ..models import Run, ToolCall, Turn
 from .rows import Result, column_names
 from .sql import QUERIES
-from .writes import Change, Lease, Write, refused, settle
+from .writes import Change, Lease, Write, refused, sent, settle
 
 # A lone write that is refused fails on this constraint (unique run + seq; the run's
 # first event already has seq 1): see `write` in queries.sql. A test checks the schema
@@ -128,6 +128,7 @@ class PostgresStore:
             # transaction of its own, which the refusal's exception rolls back.
             with transaction.atomic():
                 _send(write)
+        sent(write)
 
 
 def _lease_params(lease: Lease) -> dict[str, Any]:

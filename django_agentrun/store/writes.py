@@ -17,10 +17,13 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Literal, NoReturn
 
+from django.db import transaction
 from django.utils import timezone
 
+from .. import streams
 from ..exceptions import ConcurrentUpdate, LeaseLost
 from ..models import Run
 
@@ -64,6 +67,9 @@ class Write:
     changed: list[Change] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     after_commit: list[Callable[[], Any]] = field(default_factory=list)
+    # What wakes the run's live-stream readers after a commit with events (streams.notify),
+    # None without live streams: looked up when the write is made, unless its maker knows.
+    nudge: Callable[[Any, int], Any] | None = field(default_factory=lambda: _nudge())
     # What the commit answered:
     cancel_requested: bool = False
 
@@ -109,6 +115,10 @@ class Write:
         self.after_commit.append(callback)
 
 
+def _nudge() -> Callable[[Any, int], Any] | None:
+    return streams.notify if streams.publisher() is not None else None
+
+
 # -- after sending -----------------------------------------------------------------------
 
 
@@ -124,6 +134,16 @@ def settle(write: Write, last_seq: int, cancel_requested: bool) -> None:
     if write.lease_change == "now":
         run.lease_expires_at = timezone.now()
     write.cancel_requested = cancel_requested
+
+
+def sent(write: Write) -> None:
+    """What follows a write sent (by either store): its callbacks, and the nudge to the run's
+    stream readers, after the commit (at once when it was its own transaction, else when the
+    caller's commits)."""
+    for callback in write.after_commit:
+        transaction.on_commit(callback)
+    if write.events and write.nudge is not None:
+        transaction.on_commit(partial(write.nudge, write.run, write.run.last_seq))
 
 
 def refused(write: Write) -> NoReturn:
