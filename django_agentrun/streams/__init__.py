@@ -12,7 +12,7 @@ from .cursor import (
     parse_conversation_cursor,
     parse_run_cursor,
 )
-from .publisher import TurnStream, notify, notify_after_commit, publisher, turn_stream
+from .publisher import TurnStream, notify, publisher, turn_stream
 
 __all__ = [
     "InvalidCursor",
@@ -20,7 +20,6 @@ __all__ = [
     "TurnStream",
     "conversation_cursor",
     "notify",
-    "notify_after_commit",
     "parse_conversation_cursor",
     "parse_run_cursor",
     "publisher",

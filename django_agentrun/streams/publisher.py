@@ -176,15 +176,6 @@ def notify(run: Any, seq: int) -> None:
             pub.put(key, {"kind": "commit", "seq": seq, **tags})
 
 
-def notify_after_commit(run: Any, seq: int) -> None:
-    """`notify` once the current transaction commits (at once in autocommit); nothing
-    without Redis."""
-    if publisher() is not None:
-        from django.db import transaction
-
-        transaction.on_commit(lambda: notify(run, seq))
-
-
 class TurnStream:
     """Where the deltas of one turn's answer go: `attempt(n)` marks the start of a model
     attempt (a retry, or another worker asking again after a crash, starts the turn's
