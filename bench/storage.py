@@ -19,7 +19,7 @@ from .common import check, figure, section, table
 from .engine import _stub_dispatch
 
 NAME = "storage"
-TABLES = ("agentrun_run", "agentrun_turn", "agentrun_toolcall", "agentrun_runevent")
+TABLES = ("agentrun_run", "agentrun_turn", "agentrun_toolcall", "agentrun_runeventrow")
 SIZES = {"small": (200, 300), "large": (1000, 4000)}
 
 
