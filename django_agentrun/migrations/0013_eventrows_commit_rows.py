@@ -155,7 +155,6 @@ calls_added AS (
     "decided_at", "decision_note", "original_arguments", "created_at"
   )
   SELECT p."run_id",
-         -- A call of a turn added by this same statement takes that turn's new id.
          COALESCE(p."turn_id", (SELECT a."id" FROM turns_added a WHERE a."index" = p."turn_index")),
          p."turn_index", p."tool_call_id", p."position", p."name", p."arguments",
          p."arguments_hash", p."side_effect", p."idempotency_key", p."state", p."attempt",
@@ -210,8 +209,6 @@ r AS (
   RETURNING r."last_seq", r."cancel_requested_at", r."lease_expires_at"
 ),
 events AS (
-  -- The commit's events, one row: p_events is their JSON array of [type, payload] pairs,
-  -- stored as it comes; they take the seqs up to the run's new last_seq.
   INSERT INTO "agentrun_runeventrow" ("run_id", "seq", "seq_to", "events", "created_at")
   SELECT p_run_id,
          COALESCE((SELECT r."last_seq" FROM r) - p_event_count + 1, 1),

@@ -147,7 +147,10 @@ SELECT * FROM agentrun_write(
 -- "changes" (column -> new value)}; a column absent from "changes" keeps its value (and a
 -- large value stays where TOAST put it). Rows to add come as JSON lists of whole rows. The
 -- run's new values come in p_run_changes the same way; p_lease says what happens to the
--- lease's expiry: 'keep', 'now' (released, or run out) or 'renew'.
+-- lease's expiry: 'keep', 'now' (released, or run out) or 'renew'. The commit's events
+-- come in p_events as a JSON array of [type, payload] pairs and are stored as they come, in
+-- one agentrun_runeventrow row whose seqs run up to the run's new last_seq (RunEventRow;
+-- the view agentrun_event shows them one per seq).
 --
 -- The rows to change are read through LIMIT <their count> (the count the run's UPDATE
 -- checks anyway): the planner cannot see into a JSON list and takes it for 100 rows, which
@@ -338,8 +341,6 @@ r AS (
   RETURNING r."last_seq", r."cancel_requested_at", r."lease_expires_at"
 ),
 events AS (
-  -- The commit's events, one row: p_events is their JSON array of [type, payload] pairs,
-  -- stored as it comes; they take the seqs up to the run's new last_seq.
   INSERT INTO "agentrun_runeventrow" ("run_id", "seq", "seq_to", "events", "created_at")
   SELECT p_run_id,
          COALESCE((SELECT r."last_seq" FROM r) - p_event_count + 1, 1),
