@@ -7,14 +7,16 @@ Forward: the new table, existing events copied into it (a run's consecutive even
 at the same time, as one commit writes them, share a row), the old table dropped, the view
 made, the engine's write function (queries.sql `write_function`, a frozen copy below) writing
 one row per commit. Backward: the table of one row per event again, filled from the rows,
-and 0012's function. Also (Postgres only) room on the run's pages for HOT updates: its
-row is updated at every commit of a step.
+and 0012's function. Also room for HOT updates of the run's row, updated at every commit
+of a step: the leased runs' partial index on created_at (no update changes it) instead of
+lease_expires_at, and (Postgres only) fillfactor 70.
 """
 
 import importlib
 
 import django.db.models.deletion
 import django.utils.timezone
+from django.conf import settings
 from django.db import migrations, models
 
 import django_agentrun.fields
@@ -316,9 +318,20 @@ def drop_view(apps, schema_editor):
 class Migration(migrations.Migration):
     dependencies = [
         ("agentrun", "0012_pooler_write_function"),
+        migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
+        # The leased runs' index on a column no update changes (HOT updates of the run).
+        migrations.RemoveIndex(model_name="run", name="agentrun_run_leased_idx"),
+        migrations.AddIndex(
+            model_name="run",
+            index=models.Index(
+                condition=models.Q(("state__in", ["running", "awaiting_tool"])),
+                fields=["created_at"],
+                name="agentrun_run_leased_idx",
+            ),
+        ),
         migrations.CreateModel(
             name="RunEventRow",
             fields=[
