@@ -39,9 +39,18 @@ FROM "agentrun_runeventrow" AS r, json_each(r."events") AS e
 """,
 }
 
-# The run row: room on each page for the new version of a row updated in place (HOT).
-FILLFACTOR = 'ALTER TABLE "agentrun_run" SET (fillfactor = 70)'
-FILLFACTOR_RESET = 'ALTER TABLE "agentrun_run" RESET (fillfactor)'
+# The run row, updated at every commit of a step: room on each page for the new version of
+# a row updated in place (HOT), and its large values (config, input...) kept out of line
+# (TOAST) above 128 bytes, so that an update writes (and logs) a short row and leaves them
+# where they are. The same for a turn's content (its row is updated when the turn ends).
+STORAGE = [
+    'ALTER TABLE "agentrun_run" SET (fillfactor = 70, toast_tuple_target = 128)',
+    'ALTER TABLE "agentrun_turn" SET (toast_tuple_target = 128)',
+]
+STORAGE_RESET = [
+    'ALTER TABLE "agentrun_run" RESET (fillfactor, toast_tuple_target)',
+    'ALTER TABLE "agentrun_turn" RESET (toast_tuple_target)',
+]
 
 FUNCTION = r"""
 CREATE OR REPLACE FUNCTION agentrun_write(
@@ -279,7 +288,8 @@ def make_view(apps, schema_editor):
     schema_editor.execute(VIEW[vendor] % {"span": ID_SPAN})
     if vendor == "postgresql":
         schema_editor.execute(FUNCTION)
-        schema_editor.execute(FILLFACTOR)
+        for statement in STORAGE:
+            schema_editor.execute(statement)
 
 
 def backward(apps, schema_editor):
@@ -312,7 +322,8 @@ def drop_view(apps, schema_editor):
     if vendor == "postgresql":
         previous = importlib.import_module("django_agentrun.migrations.0012_pooler_write_function")
         schema_editor.execute(previous.FUNCTION)
-        schema_editor.execute(FILLFACTOR_RESET)
+        for statement in STORAGE_RESET:
+            schema_editor.execute(statement)
 
 
 class Migration(migrations.Migration):
