@@ -83,7 +83,7 @@ def reset_tables(db_name: str) -> bool:
 
     with connection.cursor() as cursor:
         cursor.execute(
-            "TRUNCATE agentrun_runevent, agentrun_toolcall, agentrun_turn, agentrun_run CASCADE"
+            "TRUNCATE agentrun_runeventrow, agentrun_toolcall, agentrun_turn, agentrun_run CASCADE"
         )
     return True
 
@@ -133,7 +133,7 @@ def _signature(sql: str) -> str:
     upper = [w.upper() for w in words]
     verb = upper[0] if upper else "?"
     if verb == "WITH":  # WITH c0 AS (UPDATE ...), r AS (UPDATE agentrun_run ...), e AS (INSERT ...)
-        return "WITH (row updates + UPDATE agentrun_run + INSERT agentrun_runevent)"
+        return "WITH (row updates + UPDATE agentrun_run + INSERT agentrun_runeventrow)"
     key = {"INSERT": "INTO", "UPDATE": "UPDATE"}.get(verb, "FROM")
     table = words[upper.index(key) + 1] if key in upper[:-1] else "?"
     extra = ""

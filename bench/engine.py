@@ -83,8 +83,9 @@ WITH r AS (
     WHERE id = %(call)s AND EXISTS (SELECT 1 FROM r)
     RETURNING id
 ), e AS (
-    INSERT INTO agentrun_runevent (run_id, seq, type, payload, created_at)
-    SELECT %(run)s, r.last_seq, %(kind)s, %(payload)s::jsonb, now() FROM r, c
+    INSERT INTO agentrun_runeventrow (run_id, seq, seq_to, events, created_at)
+    SELECT %(run)s, r.last_seq, r.last_seq, jsonb_build_array(jsonb_build_array(%(kind)s::text,
+           %(payload)s::jsonb)), now() FROM r, c
     RETURNING seq
 )
 SELECT (SELECT last_seq FROM r), (SELECT cancel FROM r), (SELECT count(*) FROM e)

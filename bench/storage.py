@@ -19,7 +19,7 @@ from .common import check, figure, section, table
 from .engine import _stub_dispatch
 
 NAME = "storage"
-TABLES = ("agentrun_run", "agentrun_turn", "agentrun_toolcall", "agentrun_runevent")
+TABLES = ("agentrun_run", "agentrun_turn", "agentrun_toolcall", "agentrun_runeventrow")
 SIZES = {"small": (200, 300), "large": (1000, 4000)}
 
 
@@ -31,6 +31,30 @@ def _disk() -> int:
             "SELECT sum(pg_total_relation_size(c)) FROM unnest(%s::regclass[]) AS c", [list(TABLES)]
         )
         return int(cursor.fetchone()[0])
+
+
+HOT_TABLES = ("agentrun_run", "agentrun_turn", "agentrun_toolcall")
+
+
+def _updates() -> dict[str, tuple[int, int]]:
+    """(updates, HOT updates) per table so far, by pg_stat_user_tables: this backend's
+    counts flushed first (pg_stat_force_next_flush, Postgres 15+; they are reported when
+    the backend goes idle)."""
+    import time
+
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_force_next_flush()")
+    time.sleep(0.05)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute(
+            "SELECT relname, n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables "
+            "WHERE relname = ANY(%s)",
+            [list(HOT_TABLES)],
+        )
+        return {name: (int(upd), int(hot)) for name, upd, hot in cursor.fetchall()}
 
 
 def _row_bytes(run_id) -> dict[str, int]:
@@ -106,11 +130,13 @@ def run(quick: bool) -> None:
     client = BenchClient()
     task, _ = _stub_dispatch()
     results: dict[str, list[dict]] = {}
+    updates_before = _updates()
     try:
         for kind in SIZES:
             results[kind] = [_series(kind, turns, runs, client) for turns in (5, 10, 20)]
     finally:
         del task.apply_async
+    updates_after = _updates()
     out = []
     for kind, series in results.items():
         for r in series:
@@ -142,6 +168,14 @@ def run(quick: bool) -> None:
             out,
         )
     )
+    hot = []
+    for name in HOT_TABLES:
+        upd = updates_after.get(name, (0, 0))[0] - updates_before.get(name, (0, 0))[0]
+        hot_upd = updates_after.get(name, (0, 0))[1] - updates_before.get(name, (0, 0))[1]
+        hot.append(f"{name} {hot_upd}/{upd} ({100 * hot_upd / upd if upd else 0:.0f}%)")
+        if name == "agentrun_run":
+            figure(NAME, "HOT share of the run row's updates", f"{hot_upd / upd if upd else 0:.2f}")
+    print("  HOT updates (pg_stat_user_tables n_tup_hot_upd / n_tup_upd): " + ", ".join(hot))
     linear = True
     for kind, (a, b, c) in results.items():
         slope1 = (b["rows"] - a["rows"]) / (b["turns"] - a["turns"])

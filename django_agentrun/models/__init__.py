@@ -11,7 +11,7 @@ from __future__ import annotations
 from .base import UsageCounts, idempotency_key_for
 from .calls import ToolCall, ToolCallQuerySet, Turn
 from .conversations import Conversation, ConversationQuerySet, status_of
-from .events import RunEvent, RunEventQuerySet
+from .events import RunEvent, RunEventQuerySet, RunEventRow
 from .runs import Run, RunQuerySet
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "Run",
     "RunEvent",
     "RunEventQuerySet",
+    "RunEventRow",
     "RunQuerySet",
     "ToolCall",
     "ToolCallQuerySet",

@@ -213,9 +213,12 @@ class Run(FSMModelMixin, UsageCounts):
             ),
         ]
         indexes = [
-            # The reaper's hot queries, each with its own partial index.
+            # The reaper's hot queries, each with its own partial index. The leased runs'
+            # is on a column no update changes, not on lease_expires_at: a claim, a renewal
+            # or a release changes only unindexed columns and is a HOT update (the scan
+            # reads the leased runs' entries and filters them by their lease).
             models.Index(
-                fields=["lease_expires_at"],
+                fields=["created_at"],
                 condition=Q(state__in=[RunState.RUNNING, RunState.AWAITING_TOOL]),
                 name="agentrun_run_leased_idx",
             ),

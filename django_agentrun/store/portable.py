@@ -12,7 +12,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from ..conf import agentrun_settings
-from ..models import Run, RunEvent, ToolCall, Turn
+from ..models import Run, RunEventRow, ToolCall, Turn
 from ..states import RunState
 from .rows import Result, orm_rows
 from .writes import Lease, Write, refused, sent, settle
@@ -178,9 +178,12 @@ def _send(write: Write) -> None:
             if obj.turn_id is None:
                 obj.turn_id = obj.turn.pk
             obj.save(force_insert=True)
-    first = last_seq - len(write.events) + 1
-    RunEvent.objects.bulk_create(
-        RunEvent(run_id=run.pk, seq=first + i, type=kind, payload=data, created_at=now)
-        for i, (kind, data) in enumerate(write.events)
-    )
+    if write.events:
+        RunEventRow(
+            run_id=run.pk,
+            seq=last_seq - len(write.events) + 1,
+            seq_to=last_seq,
+            events=[[kind, data] for kind, data in write.events],
+            created_at=now,
+        ).save(force_insert=True)
     settle(write, last_seq, cancel_at is not None)

@@ -25,8 +25,8 @@ from .rows import Result, column_names
 from .sql import QUERIES
 from .writes import Change, Lease, Write, refused, sent, settle
 
-# A lone write that is refused fails on this constraint (unique run + seq; the run's
-# first event already has seq 1): see `write` in queries.sql. A test checks the schema
+# A lone write that is refused fails on this constraint (unique run + seq of the events'
+# row; the run's first row already starts at seq 1): see `write` in queries.sql. A test checks the schema
 # still has it.
 FENCE_CONSTRAINT = "agentrun_runevent_seq"
 
@@ -186,7 +186,7 @@ def _send(write: Write) -> None:
         "calls_added": dumps([row_values(c) for c in calls_added]),
         "calls_changed": dumps(_changes(ToolCall, calls_changed)),
         "calls_changed_count": len(calls_changed),
-        "events": dumps([{"type": kind, "payload": data} for kind, data in write.events]),
+        "events": dumps([[kind, data] for kind, data in write.events]),
         "event_count": len(write.events),
     }
     try:

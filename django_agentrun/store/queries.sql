@@ -138,7 +138,7 @@ SELECT * FROM agentrun_write(
 )
 
 -- name: write_function
--- The function `write` calls (migration 0012_pooler_write_function installs it;
+-- The function `write` calls (migration 0013_eventrows_commit_rows installs it;
 -- tests/postgres/test_write.py checks that the database has this text): the run's
 -- compare-and-set UPDATE (r), fenced by its lease, with the turn and tool-call rows the
 -- commit adds or changes and its events, as one statement.
@@ -147,7 +147,10 @@ SELECT * FROM agentrun_write(
 -- "changes" (column -> new value)}; a column absent from "changes" keeps its value (and a
 -- large value stays where TOAST put it). Rows to add come as JSON lists of whole rows. The
 -- run's new values come in p_run_changes the same way; p_lease says what happens to the
--- lease's expiry: 'keep', 'now' (released, or run out) or 'renew'.
+-- lease's expiry: 'keep', 'now' (released, or run out) or 'renew'. The commit's events
+-- come in p_events as a JSON array of [type, payload] pairs and are stored as they come, in
+-- one agentrun_runeventrow row whose seqs run up to the run's new last_seq (RunEventRow;
+-- the view agentrun_event shows them one per seq).
 --
 -- The rows to change are read through LIMIT <their count> (the count the run's UPDATE
 -- checks anyway): the planner cannot see into a JSON list and takes it for 100 rows, which
@@ -157,8 +160,8 @@ SELECT * FROM agentrun_write(
 --
 -- Refusals: r matches only if the run is still in p_expected_state (when given), still
 -- held under p_epoch by p_owner (when given), and every row change matched its row.
--- With no r the events' seq is 1, which the run's first event already has: the statement
--- fails as a whole on the unique constraint agentrun_runevent_seq (FENCE_CONSTRAINT),
+-- With no r the events' row starts at seq 1, where the run's first row already starts: the
+-- statement fails as a whole on the unique constraint agentrun_runevent_seq (FENCE_CONSTRAINT),
 -- which store/writes.py turns into LeaseLost or ConcurrentUpdate.
 --
 -- Lock order (store/locks.py, docs/explanation/durability.md): the run's row first, then its turns and
@@ -338,11 +341,12 @@ r AS (
   RETURNING r."last_seq", r."cancel_requested_at", r."lease_expires_at"
 ),
 events AS (
-  INSERT INTO "agentrun_runevent" ("run_id", "seq", "type", "payload", "created_at")
+  INSERT INTO "agentrun_runeventrow" ("run_id", "seq", "seq_to", "events", "created_at")
   SELECT p_run_id,
-         COALESCE((SELECT r."last_seq" FROM r) - p_event_count + v.i, 1),
-         v.e ->> 'type', v.e -> 'payload', statement_timestamp()
-  FROM jsonb_array_elements(p_events) WITH ORDINALITY AS v(e, i)
+         COALESCE((SELECT r."last_seq" FROM r) - p_event_count + 1, 1),
+         COALESCE((SELECT r."last_seq" FROM r), 1),
+         p_events, statement_timestamp()
+  WHERE p_event_count > 0
 )
 SELECT r."last_seq", r."cancel_requested_at", r."lease_expires_at",
        (SELECT COALESCE(jsonb_agg(jsonb_build_array(a."index", a."id")), '[]') FROM turns_added a),

@@ -16,7 +16,7 @@ from django.test.utils import CaptureQueriesContext
 
 from django_agentrun import services, start_run, store, transitions
 from django_agentrun.exceptions import ConcurrentUpdate, LeaseLost
-from django_agentrun.models import Run, RunEvent, ToolCall, Turn
+from django_agentrun.models import Run, RunEvent, RunEventRow, ToolCall, Turn
 from django_agentrun.states import ToolCallState
 from django_agentrun.store.sql import sql
 
@@ -234,9 +234,9 @@ def _signature(text: str) -> list[tuple[str, str]]:
 
 def test_fence__refusal_rides_on_the_named_unique_constraint():
     """A refused lone write fails on store.FENCE_CONSTRAINT (`write` in queries.sql): the
-    schema must still have it, unique on (run, seq)."""
+    schema must still have it, unique on (run, seq) of the events' rows (one per commit)."""
     with connection.cursor() as cursor:
-        constraints = connection.introspection.get_constraints(cursor, RunEvent._meta.db_table)
+        constraints = connection.introspection.get_constraints(cursor, RunEventRow._meta.db_table)
     fence = constraints[store.FENCE_CONSTRAINT]
     assert fence["unique"] and fence["columns"] == ["run_id", "seq"]
 
