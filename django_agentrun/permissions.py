@@ -18,6 +18,9 @@ VIEW_ALL_PERMISSION = "agentrun.view_all_runs"
 #: Start runs and conversations through the API: the rule of an agent that sets none
 #: (`Agent(api_start=...)`, `AGENTRUN_API_START`).
 START_PERMISSION = "agentrun.start_run"
+#: See the admin overview (charts of runs, cost, latency, waiting calls, failures) of the
+#: runs one may see; staff only.
+OVERVIEW_PERMISSION = "agentrun.view_overview"
 
 
 def can_decide(user: Any) -> bool:
