@@ -109,12 +109,15 @@ def load(n: int, days: int) -> None:
             print(f"  the database holds {n:,} runs: load skipped (--rebuild loads again)")
             return
         started = time.monotonic()
-        cursor.execute("TRUNCATE agentrun_runevent, agentrun_toolcall, agentrun_turn, "
-                       "agentrun_run CASCADE")
+        cursor.execute(
+            "TRUNCATE agentrun_runevent, agentrun_toolcall, agentrun_turn, agentrun_run CASCADE"
+        )
         for statement in LOAD:
             cursor.execute(statement, {"n": n, "days": days})
-            print(f"  loaded {cursor.rowcount:,} rows ({time.monotonic() - started:.0f} s)",
-                  flush=True)
+            print(
+                f"  loaded {cursor.rowcount:,} rows ({time.monotonic() - started:.0f} s)",
+                flush=True,
+            )
         for table in ("agentrun_turn", "agentrun_toolcall"):
             cursor.execute(
                 f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), "  # noqa: S608
@@ -184,8 +187,12 @@ def measure(repeat: int) -> None:
                 server.append(server_ms)
                 scans.append(scan)
             rows.append([key, name, round(ms, 1), round(max(server), 1), " | ".join(scans)])
-            common.check("overview", f"{key} {name}", ms < TARGET_MS,
-                         f"{ms:.1f} ms (server {max(server):.1f} ms, {len(server)} statements)")
+            common.check(
+                "overview",
+                f"{key} {name}",
+                ms < TARGET_MS,
+                f"{ms:.1f} ms (server {max(server):.1f} ms, {len(server)} statements)",
+            )
     print()
     print(common.table(["window", "query", "ms", "server ms", "plan"], rows))
 
@@ -210,8 +217,10 @@ def main(argv: list[str] | None = None) -> int:
     load(args.runs, args.days)
     measure(args.repeat)
     misses = [c for c in common.CHECKS if c.passed is False]
-    print(f"\n{len(common.CHECKS) - len(misses)} of {len(common.CHECKS)} queries under "
-          f"{TARGET_MS:.0f} ms")
+    print(
+        f"\n{len(common.CHECKS) - len(misses)} of {len(common.CHECKS)} queries under "
+        f"{TARGET_MS:.0f} ms"
+    )
     return 0
 
 

@@ -16,7 +16,9 @@ from itertools import count
 from django.utils.html import escape, format_html
 from django.utils.safestring import SafeString, mark_safe
 
-WIDTH = 640
+#: The width of a chart's own coordinates: columns fill a wide card, bars a half one.
+COLUMNS_WIDTH = 960
+BARS_WIDTH = 480
 PALETTE = (
     "#2f7ed8",
     "#e8590c",
@@ -70,10 +72,10 @@ def _rect(bar: Bar, x: float, y: float, w: float, h: float, fill: str) -> str:
     )
 
 
-def _frame(title: str, desc: str, height: float, body: list[str]) -> SafeString:
+def _frame(title: str, desc: str, width: int, height: float, body: list[str]) -> SafeString:
     n = next(_ids)
     return mark_safe(  # noqa: S308 - every piece above is escaped by format_html
-        f'<svg class="agentrun-chart" viewBox="0 0 {WIDTH} {_num(height)}" role="img" '
+        f'<svg class="agentrun-chart" viewBox="0 0 {width} {_num(height)}" role="img" '
         f'aria-labelledby="agentrun-chart-{n}-t agentrun-chart-{n}-d" '
         f'preserveAspectRatio="xMinYMin meet">'
         f'<title id="agentrun-chart-{n}-t">{escape(title)}</title>'
@@ -107,11 +109,11 @@ def columns(
     palette: dict[str, str],
     *,
     axis: Callable[[float], str] = _num,
-    tick_every: int = 1,
 ) -> SafeString:
-    """Stacked columns, one per group (a time bucket), labelled every `tick_every`."""
-    plot_left, plot_top, plot_h = 48.0, 22.0, 170.0
-    plot_w = WIDTH - plot_left - 4
+    """Stacked columns, one per group (a time bucket); a group labelled "" has no tick."""
+    width = COLUMNS_WIDTH
+    plot_left, plot_top, plot_h = 60.0, 24.0, 200.0
+    plot_w = width - plot_left - 4
     top = max((sum(b.value for b in bars) for _g, bars in groups), default=0) or 1
     slot = plot_w / max(len(groups), 1)
     gap = min(2.0, slot * 0.15)
@@ -123,7 +125,7 @@ def columns(
                 '<line x1="{}" x2="{}" y1="{}" y2="{}" class="agentrun-chart-grid"/>'
                 '<text x="{}" y="{}" text-anchor="end" class="agentrun-chart-axis">{}</text>',
                 _num(plot_left),
-                WIDTH,
+                width,
                 _num(y),
                 _num(y),
                 _num(plot_left - 4),
@@ -140,7 +142,7 @@ def columns(
             h = plot_h * bar.value / top
             y -= h
             body.append(_rect(bar, x, y, slot - gap, h, palette[bar.series]))
-        if i % tick_every == 0:
+        if label:
             body.append(
                 format_html(
                     '<text x="{}" y="{}" class="agentrun-chart-axis">{}</text>',
@@ -149,7 +151,7 @@ def columns(
                     label,
                 )
             )
-    return _frame(title, desc, plot_top + plot_h + 20, body)
+    return _frame(title, desc, width, plot_top + plot_h + 20, body)
 
 
 def bars(
@@ -162,13 +164,14 @@ def bars(
     top: float | None = None,
 ) -> SafeString:
     """Horizontal bars: a row per group, a bar per series in it, the value at its end."""
-    label_w, row_gap, bar_h = 150.0, 8.0, 12.0
-    plot_w = WIDTH - label_w - 70
+    width = BARS_WIDTH
+    label_w, row_gap, bar_h = 130.0, 8.0, 13.0
+    plot_w = width - label_w - 60
     top = top or max((b.value for _g, bs in groups for b in bs), default=0) or 1
     body = _legend(palette, 0) if len(palette) > 1 else []
     y = 20.0 if body else 4.0
     for label, row in groups:
-        shown = label if len(label) <= 24 else label[:23] + "…"
+        shown = label if len(label) <= 20 else label[:19] + "…"
         body.append(
             format_html(
                 '<text x="{}" y="{}" text-anchor="end" class="agentrun-chart-axis">'
@@ -201,4 +204,4 @@ def bars(
             )
         )
         y += 16
-    return _frame(title, desc, y, body)
+    return _frame(title, desc, width, y, body)

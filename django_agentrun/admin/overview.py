@@ -62,10 +62,15 @@ def _share(value: float) -> str:
     return f"{value * 100:.1f} %"
 
 
-def _label(w: Window, bucket: datetime) -> str:
+def _tick(w: Window, bucket: datetime) -> str:
+    """The axis label of a bucket, or "" for none: every 3 hours of a day, each day of a
+    week (at midnight), every third day of a month."""
     if w.unit == "day":
-        return bucket.strftime("%d %b")
-    return bucket.strftime("%H:%M") if bucket.hour or w.key == "24h" else bucket.strftime("%d %b")
+        first = (bucket - w.start).days % 3 == 0
+        return bucket.strftime("%d %b") if first else ""
+    if len(w.buckets) <= 24:
+        return bucket.strftime("%H:%M") if bucket.hour % 3 == 0 else ""
+    return bucket.strftime("%d %b") if bucket.hour == 0 else ""
 
 
 class OverviewMixin:
@@ -142,7 +147,7 @@ def _runs_chart(runs: Any, w: Window) -> dict[str, Any]:
         link = {"finished_at__gte": _iso(bucket), "finished_at__lt": _iso(end)}
         groups.append(
             (
-                _label(w, bucket),
+                _tick(w, bucket),
                 [
                     Bar(
                         bucket.isoformat(),
@@ -161,7 +166,6 @@ def _runs_chart(runs: Any, w: Window) -> dict[str, Any]:
         f"Runs that finished in each {w.unit} (UTC) of the window, stacked by final state.",
         groups,
         charts.colours(FINAL_STATES, STATE_COLOURS),
-        tick_every=max(1, len(groups) // 8),
     )
     table = [
         [f"{bucket:%Y-%m-%d %H:%M}", *(counts[s] for s in FINAL_STATES)]
@@ -197,14 +201,14 @@ def _cost_chart(runs: Any, w: Window) -> dict[str, Any]:
                     f"{day:%Y-%m-%d}: {agent} {_usd(cost)}",
                 )
             )
-        groups.append((day.strftime("%d %b"), pieces))
+        every = max(1, len(days) // 10)
+        groups.append((day.strftime("%d %b") if (day - days[0]).days % every == 0 else "", pieces))
     svg = charts.columns(
         "Cost per day per agent",
         "US dollars of the runs that finished each day (UTC), stacked by agent.",
         groups,
         charts.colours(agents),
         axis=_usd,
-        tick_every=max(1, len(groups) // 8),
     )
     table = [
         [day.date().isoformat(), agent, f"{cells[(day, agent)]:.6f}"]
