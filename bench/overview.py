@@ -15,7 +15,9 @@ Then, for each window (24 h, 7 d, 30 d) and each query of `admin/overview_data.p
 user who sees every run: the median of `--repeat` timings (after one warm-up) of the
 query as the page runs it (Python included), the server's execution time and the plan's
 summary (scans and the indexes they use) from EXPLAIN (ANALYZE, BUFFERS). Target: each
-query under 200 ms. Prints PASS/MISS per query; exit 0 either way.
+query under 200 ms. Prints PASS/MISS per query; exit 0 either way. The machine's pace in
+the same run is printed as a reference (a median of 100,000 random numbers in Postgres),
+and each query's time as a multiple of it, to compare runs on a shared machine.
 """
 
 from __future__ import annotations
@@ -168,6 +170,19 @@ def measure(repeat: int) -> None:
         "waiting calls": lambda w: data.waiting(runs, w.now),
         "failure codes": lambda w: data.failure_codes(runs, w),
     }
+    # The machine's pace in this run (it is shared: compare the figures with this one):
+    # Postgres sorting 100,000 random numbers for a median.
+    with connection.cursor() as cursor:
+        paces = []
+        for _ in range(repeat):
+            started = time.perf_counter()
+            cursor.execute(
+                "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY random()) "
+                "FROM generate_series(1, 100000)"
+            )
+            paces.append((time.perf_counter() - started) * 1000)
+    pace = common.median(paces)
+    print(f"  reference: a median of 100,000 random numbers in Postgres takes {pace:.1f} ms")
     rows = []
     for key in data.WINDOWS:
         w = data.window(key, timezone.now())
@@ -186,7 +201,16 @@ def measure(repeat: int) -> None:
                 server_ms, scan = explain(q["sql"], None)
                 server.append(server_ms)
                 scans.append(scan)
-            rows.append([key, name, round(ms, 1), round(max(server), 1), " | ".join(scans)])
+            rows.append(
+                [
+                    key,
+                    name,
+                    f"{ms:.1f}",
+                    f"{ms / pace:.2f}",
+                    f"{max(server):.1f}",
+                    " | ".join(scans),
+                ]
+            )
             common.check(
                 "overview",
                 f"{key} {name}",
@@ -194,7 +218,8 @@ def measure(repeat: int) -> None:
                 f"{ms:.1f} ms (server {max(server):.1f} ms, {len(server)} statements)",
             )
     print()
-    print(common.table(["window", "query", "ms", "server ms", "plan"], rows))
+    print(common.table(["window", "query", "ms", "x reference", "server ms", "plan"], rows))
+    print(f"  (latency: p50/p95 over the window's latest {data.LATENCY_SAMPLE:,} rows)")
 
 
 def main(argv: list[str] | None = None) -> int:

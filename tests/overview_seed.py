@@ -173,16 +173,29 @@ def _latency(rows: list[tuple], start: datetime) -> dict[str, tuple[int, float, 
     return {k: (len(v), _percentile(v, 0.5), _percentile(v, 0.95)) for k, v in groups.items()}
 
 
+def latency_rows(what: str, start: datetime) -> list[tuple[str, datetime, datetime]]:
+    """(model or tool, started, finished) of the turns (completed) or calls (that ran a
+    handler) that ended since `start`."""
+    if what == "turns":
+        rows = _rows(
+            "SELECT model, started_at, finished_at FROM agentrun_turn WHERE state = %s",
+            [TurnState.COMPLETED],
+        )
+    else:
+        rows = _rows("SELECT name, started_at, finished_at FROM agentrun_toolcall")
+    return [
+        (name, _utc(begun), _utc(ended))
+        for name, begun, ended in rows
+        if begun is not None and ended is not None and _utc(ended) >= start
+    ]
+
+
 def turn_latency(start: datetime) -> dict[str, tuple[int, float, float]]:
-    rows = _rows(
-        "SELECT model, started_at, finished_at FROM agentrun_turn WHERE state = %s",
-        [TurnState.COMPLETED],
-    )
-    return _latency(rows, start)
+    return _latency(latency_rows("turns", start), start)
 
 
 def tool_latency(start: datetime) -> dict[str, tuple[int, float, float]]:
-    return _latency(_rows("SELECT name, started_at, finished_at FROM agentrun_toolcall"), start)
+    return _latency(latency_rows("tools", start), start)
 
 
 def postgres_percentiles(table: str, group: str, start: datetime, where: str) -> dict:

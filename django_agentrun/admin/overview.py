@@ -8,7 +8,7 @@ The numbers come from `overview_data` (one aggregate query each), the pictures f
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 from urllib.parse import urlencode
@@ -122,14 +122,14 @@ def overview_charts(runs: Any, w: Window) -> list[dict[str, Any]]:
         _latency_chart(
             "Turn latency (p50 / p95)",
             "Seconds from a turn's start to its close, by model.",
-            overview_data.turn_latency(runs, w),
+            *overview_data.turn_latency(runs, w),
             "model",
             runs_url(**since),
         ),
         _latency_chart(
             "Tool latency (p50 / p95)",
             "Seconds from a call's handler start to its result, by tool.",
-            overview_data.tool_latency(runs, w),
+            *overview_data.tool_latency(runs, w),
             "tool",
             runs_url(**since),
         ),
@@ -226,7 +226,9 @@ def _cost_chart(runs: Any, w: Window) -> dict[str, Any]:
     }
 
 
-def _latency_chart(title: str, desc: str, rows: list[dict], what: str, url: str):
+def _latency_chart(
+    title: str, desc: str, rows: list[dict], cut: datetime | None, what: str, url: str
+) -> dict[str, Any]:
     groups = [
         (
             row["name"] or "(none)",
@@ -241,6 +243,12 @@ def _latency_chart(title: str, desc: str, rows: list[dict], what: str, url: str)
     table = [[r["name"], r["n"], f"{r['p50']:.3f}", f"{r['p95']:.3f}"] for r in rows]
     key = "turns" if what == "model" else "tools"
     return {
+        "note": (
+            f"Over the latest {overview_data.LATENCY_SAMPLE:,} of the window: since "
+            f"{cut.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC."
+            if cut
+            else ""
+        ),
         "key": key,
         "title": title,
         "svg": svg,

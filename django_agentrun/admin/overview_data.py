@@ -11,9 +11,11 @@ What counts where:
 - a run counts in the window it *finished* in (`finished_at`), in its final state
   (completed, failed, cancelled, timed_out); its cost and tokens count on that day;
 - a turn's latency is from its start (before its model request) to its close (the answer,
-  or its last tool result), for completed turns that closed in the window;
+  or its last tool result), for completed turns that closed in the window, the latest
+  LATENCY_SAMPLE of them;
 - a tool call's latency is its last attempt's, from `in_flight` to its result, for calls
-  that ran a handler (`started_at` set) and closed in the window;
+  that ran a handler (`started_at` set) and closed in the window, the latest
+  LATENCY_SAMPLE of them;
 - the cache-read share is `cache_read_input_tokens` over all input tokens (`input_tokens +
   cache_creation_input_tokens + cache_read_input_tokens`: the API counts the three apart);
 - calls waiting for a person (approval or an unknown outcome) count now, whatever the
@@ -66,6 +68,9 @@ AGES = (
     ("over 3 days", timedelta(days=3)),
 )
 WAITING_STATES = (ToolCallState.AWAITING_APPROVAL, ToolCallState.UNKNOWN)
+#: Latency percentiles are over the window's latest this many turns (tool calls): a bounded
+#: sort whatever the window and the traffic; the page says where it cut.
+LATENCY_SAMPLE = 20_000
 OLDEST_SHOWN = 5
 
 
@@ -122,7 +127,7 @@ def runs_by_state(runs: QuerySet[Run], w: Window) -> list[tuple[datetime, dict[s
         _finished(runs, w)
         .annotate(bucket=Trunc("finished_at", w.unit, tzinfo=UTC))
         .values("bucket", "state")
-        .annotate(n=Count("pk"))
+        .annotate(n=Count("*"))
         .order_by()
     )
     counts: dict[datetime, dict[str, int]] = {b: dict.fromkeys(FINAL_STATES, 0) for b in w.buckets}
@@ -193,7 +198,7 @@ def failure_codes(runs: QuerySet[Run], w: Window) -> list[tuple[str, int]]:
     rows = (
         runs.filter(finished_at__gte=w.start, state=RunState.FAILED)
         .values("error_code")
-        .annotate(n=Count("pk"))
+        .annotate(n=Count("*"))
         .order_by("-n", "error_code")[:TOP]
     )
     return [(row["error_code"], row["n"]) for row in rows]
@@ -230,7 +235,7 @@ def _latency(rows: QuerySet[Any], group: str) -> list[dict[str, Any]]:
     if connections[rows.db].vendor == "postgresql":
         seconds = Extract(duration, "epoch")
         figures = {
-            "n": Count("pk"),
+            "n": Count("*"),
             "p50": Percentile(seconds, 0.5),
             "p95": Percentile(seconds, 0.95),
         }
@@ -258,16 +263,28 @@ def _latency(rows: QuerySet[Any], group: str) -> list[dict[str, Any]]:
     return result
 
 
-def turn_latency(runs: QuerySet[Run], w: Window) -> list[dict[str, Any]]:
-    """Latency of the turns completed in the window, overall and per model."""
+def _latest(rows: QuerySet[Any]) -> tuple[QuerySet[Any], datetime | None]:
+    """`rows` cut to the latest LATENCY_SAMPLE by `finished_at` (ties kept), and the time
+    of the cut (None when the window holds fewer): a backward scan of the index."""
+    nth = rows.order_by("-finished_at").values_list("finished_at", flat=True)
+    cut = next(iter(nth[LATENCY_SAMPLE - 1 : LATENCY_SAMPLE]), None)
+    return (rows if cut is None else rows.filter(finished_at__gte=cut)), cut
+
+
+def turn_latency(runs: QuerySet[Run], w: Window) -> tuple[list[dict[str, Any]], datetime | None]:
+    """Latency of the turns completed in the window (its latest LATENCY_SAMPLE), overall
+    and per model; and the time of the cut, if any."""
     turns = Turn.objects.filter(state=TurnState.COMPLETED, finished_at__gte=w.start)
-    return _latency(_of_runs(turns, runs), "model")
+    latest, cut = _latest(_of_runs(turns, runs))
+    return _latency(latest, "model"), cut
 
 
-def tool_latency(runs: QuerySet[Run], w: Window) -> list[dict[str, Any]]:
-    """Latency of the tool calls that ran a handler and closed in the window, per tool."""
+def tool_latency(runs: QuerySet[Run], w: Window) -> tuple[list[dict[str, Any]], datetime | None]:
+    """Latency of the tool calls that ran a handler and closed in the window (its latest
+    LATENCY_SAMPLE), per tool; and the time of the cut, if any."""
     calls = ToolCall.objects.filter(started_at__isnull=False, finished_at__gte=w.start)
-    return _latency(_of_runs(calls, runs), "name")
+    latest, cut = _latest(_of_runs(calls, runs))
+    return _latency(latest, "name"), cut
 
 
 def _of_runs(rows: QuerySet[Any], runs: QuerySet[Run]) -> QuerySet[Any]:

@@ -68,10 +68,10 @@ class Turn(FSMModelMixin, UsageCounts):
             models.UniqueConstraint(fields=["run", "index"], name="agentrun_turn_run_index"),
         ]
         indexes = [
-            # The admin overview's latency (admin/overview_data.py): entries for completed
-            # turns only, added by the write that completes one.
+            # The admin overview's latency (admin/overview_data.py), index-only: entries for
+            # completed turns only, added by the write that completes one.
             models.Index(
-                fields=["finished_at"],
+                fields=["finished_at", "started_at", "model"],
                 condition=Q(state=TurnState.COMPLETED),
                 name="agentrun_turn_finished_idx",
             ),
@@ -188,9 +188,10 @@ class ToolCall(FSMModelMixin, models.Model):
                 condition=Q(decided_by__isnull=False),
                 name="agentrun_toolcall_decider_idx",
             ),
-            # The admin overview's tool latency: calls that ran a handler, once closed.
+            # The admin overview's tool latency, index-only: calls that ran a handler, once
+            # closed.
             models.Index(
-                fields=["finished_at"],
+                fields=["finished_at", "started_at", "name"],
                 condition=Q(started_at__isnull=False, finished_at__isnull=False),
                 name="agentrun_toolcall_finished_idx",
             ),

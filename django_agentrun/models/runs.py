@@ -241,10 +241,20 @@ class Run(FSMModelMixin, UsageCounts):
                 condition=Q(cancel_requested_by__isnull=False),
                 name="agentrun_run_cancelled_by_idx",
             ),
-            # The admin overview's window scans (admin/overview_data.py): a run gets its
-            # entry when it finishes, so no write of an active run touches it.
+            # The admin overview's window scans (admin/overview_data.py), index-only: every
+            # column they read is a key (no INCLUDE: SQLite has none). A run gets its entry
+            # when it finishes, so no write of an active run touches it.
             models.Index(
-                fields=["finished_at"],
+                fields=[
+                    "finished_at",
+                    "state",
+                    "agent",
+                    "error_code",
+                    "cost_usd",
+                    "input_tokens",
+                    "cache_creation_input_tokens",
+                    "cache_read_input_tokens",
+                ],
                 condition=Q(finished_at__isnull=False),
                 name="agentrun_run_finished_idx",
             ),

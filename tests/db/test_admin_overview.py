@@ -14,6 +14,7 @@ from django.db import connection
 from django.urls import reverse
 from django.utils import timezone
 
+from django_agentrun.admin import overview_data
 from django_agentrun.admin.overview_data import percentile
 from django_agentrun.models import Run
 from django_agentrun.states import RunState
@@ -201,3 +202,21 @@ def test_percentile__matches_percentile_cont():
     assert percentile([3.0], 0.95) == 3.0
     assert percentile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.5
     assert percentile([0.0, 10.0], 0.95) == pytest.approx(9.5)
+
+
+def test_overview__latency_over_the_latest_rows_of_a_busy_window(
+    client, staff, seeded, monkeypatch
+):
+    monkeypatch.setattr(overview_data, "LATENCY_SAMPLE", 10)
+    page = client.get(OVERVIEW, {"window": "30d"}).text
+    start = start_of("30d", seeded)
+    ends = sorted((end for _m, _s, end in overview_seed.latency_rows("turns", start)), reverse=True)
+    cut = ends[9]
+    expected = overview_seed.turn_latency(cut)
+    shown: dict = {}
+    for _u, label, series, value in bars(page, "turns"):
+        shown.setdefault(label, {})[series] = value
+    assert set(shown) == set(expected) and expected["all"][0] == 10
+    for name, (_n, p50, p95) in expected.items():
+        assert (shown[name]["p50"], shown[name]["p95"]) == pytest.approx((p50, p95))
+    assert "Over the latest 10 of the window: since" in section(page, "turns")
