@@ -28,6 +28,17 @@ def can_decide(user: Any) -> bool:
     return bool(user and user.is_authenticated and user.has_perm(APPROVE_PERMISSION))
 
 
+def can_view_overview(user: Any) -> bool:
+    """Whether `user` may open the admin overview: active staff with OVERVIEW_PERMISSION."""
+    return bool(
+        user
+        and user.is_authenticated
+        and user.is_active
+        and user.is_staff
+        and user.has_perm(OVERVIEW_PERMISSION)
+    )
+
+
 def can_cancel(user: Any) -> bool:
     """Whether `user` may cancel and resume any run (owners may also act on their own)."""
     return bool(user and user.is_authenticated and user.has_perm(CANCEL_PERMISSION))

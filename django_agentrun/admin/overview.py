@@ -13,13 +13,15 @@ from decimal import Decimal
 from typing import Any
 from urllib.parse import urlencode
 
+from django.contrib import messages
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
-from ..permissions import OVERVIEW_PERMISSION
+from ..permissions import can_view_overview
 from ..states import RunState
 from . import charts, overview_data
 from .charts import Bar
@@ -34,10 +36,6 @@ STATE_COLOURS = {
 }
 #: The run list's filters the overview links with, beyond the list's own (state, agent).
 LINK_LOOKUPS = frozenset({"error_code", "finished_at__gte", "finished_at__lt"})
-
-
-def may_view_overview(user: Any) -> bool:
-    return bool(user and user.is_active and user.is_staff and user.has_perm(OVERVIEW_PERMISSION))
 
 
 def _iso(value: datetime) -> str:
@@ -73,6 +71,35 @@ def _tick(w: Window, bucket: datetime) -> str:
     return bucket.strftime("%d %b") if bucket.hour == 0 else ""
 
 
+def bad_list_parameter(params: Any) -> str | None:
+    """What is wrong with the run list's query parameters, said plainly; None if nothing."""
+    for key, values in params.lists():
+        if any("\x00" in value for value in values) or "\x00" in key:
+            return f"The filter {key[:40]!r} has a NUL character: the list is shown unfiltered."
+        if key in ("finished_at__gte", "finished_at__lt"):
+            if parse_datetime(values[-1]) is None:
+                return (
+                    f"The filter {key} needs a date and time (ISO 8601, e.g. "
+                    f"2026-12-04T10:00:00+00:00), not {values[-1][:40]!r}: the list is shown "
+                    "unfiltered."
+                )
+    return None
+
+
+def overview_filters(params: Any) -> list[str]:
+    """The overview's filters a link set, in words (the list's own sidebar has no place
+    for them)."""
+    words = []
+    if params.get("finished_at__gte") or params.get("finished_at__lt"):
+        since, until = params.get("finished_at__gte"), params.get("finished_at__lt")
+        words.append(
+            "finished" + (f" from {since}" if since else "") + (f" until {until}" if until else "")
+        )
+    if "error_code" in params:
+        words.append(f"error code {params['error_code'] or '(none)'}")
+    return words
+
+
 class OverviewMixin:
     """RunAdmin's overview page at `<changelist>/overview/` and the lookups its links use."""
 
@@ -87,13 +114,18 @@ class OverviewMixin:
         return super().lookup_allowed(lookup, value, request)  # type: ignore[misc]
 
     def changelist_view(self, request: HttpRequest, extra_context: dict | None = None):
-        extra = {"overview_url": reverse("admin:agentrun_run_overview")}
-        if not may_view_overview(request.user):
-            extra = {}
+        problem = bad_list_parameter(request.GET)
+        if problem is not None:
+            # Refused out loud, before a database sees it (Postgres refuses NUL in text).
+            messages.error(request, problem)
+            return HttpResponseRedirect(reverse("admin:agentrun_run_changelist"))
+        extra: dict[str, Any] = {"overview_filters": overview_filters(request.GET)}
+        if can_view_overview(request.user):
+            extra["overview_url"] = reverse("admin:agentrun_run_overview")
         return super().changelist_view(request, {**(extra_context or {}), **extra})  # type: ignore[misc]
 
     def overview_view(self, request: HttpRequest) -> HttpResponse:
-        if not may_view_overview(request.user):
+        if not can_view_overview(request.user):
             raise PermissionDenied("Viewing the overview needs agentrun.view_overview.")
         context: dict[str, Any] = {
             **self.admin_site.each_context(request),  # type: ignore[attr-defined]

@@ -83,6 +83,23 @@ def test_overview__needs_staff(client):
     assert client.get(OVERVIEW).status_code == 302
 
 
+@pytest.mark.parametrize(
+    "query",
+    ["finished_at__gte=nope", "finished_at__lt=2026-13-45", "error_code=%00", "state__exact=zzz"],
+)
+def test_overview__bad_link_parameters_never_answer_500(client, staff, query):
+    response = client.get(f"{RUNS}?{query}", follow=True)
+    assert response.status_code == 200, response.status_code
+    if "finished_at" in query or "%00" in query:
+        assert response.redirect_chain and "the list is shown unfiltered" in response.text
+
+
+def test_overview__a_link_says_what_it_filters(client, staff, seeded):
+    page = client.get(f"{RUNS}?finished_at__gte=2026-01-01T00:00:00%2B00:00&error_code=x").text
+    assert "Runs finished from 2026-01-01T00:00:00+00:00; error code x" in page
+    assert "agentrun-overview-filters" not in client.get(RUNS).text
+
+
 def test_overview__linked_from_the_run_list(client, staff):
     assert f'href="{OVERVIEW}"' in client.get(RUNS).text
 
