@@ -18,11 +18,25 @@ VIEW_ALL_PERMISSION = "agentrun.view_all_runs"
 #: Start runs and conversations through the API: the rule of an agent that sets none
 #: (`Agent(api_start=...)`, `AGENTRUN_API_START`).
 START_PERMISSION = "agentrun.start_run"
+#: See the admin overview (charts of runs, cost, latency, waiting calls, failures) of the
+#: runs one may see; staff only.
+OVERVIEW_PERMISSION = "agentrun.view_overview"
 
 
 def can_decide(user: Any) -> bool:
     """Whether `user` may decide on tool calls: approve, reject, resolve."""
     return bool(user and user.is_authenticated and user.has_perm(APPROVE_PERMISSION))
+
+
+def can_view_overview(user: Any) -> bool:
+    """Whether `user` may open the admin overview: active staff with OVERVIEW_PERMISSION."""
+    return bool(
+        user
+        and user.is_authenticated
+        and user.is_active
+        and user.is_staff
+        and user.has_perm(OVERVIEW_PERMISSION)
+    )
 
 
 def can_cancel(user: Any) -> bool:

@@ -34,6 +34,7 @@ from .display import (
 )
 from .filters import StateFilter, StuckFilter
 from .forks import ForkViewsMixin
+from .overview import OverviewMixin
 from .values import ValueViewMixin
 from .visibility import VisibleRunsMixin
 
@@ -48,7 +49,14 @@ RUN_VALUES = {
 }
 
 
-class RunAdmin(VisibleRunsMixin, ForkViewsMixin, ValueViewMixin, RunActionsMixin, admin.ModelAdmin):
+class RunAdmin(
+    OverviewMixin,
+    VisibleRunsMixin,
+    ForkViewsMixin,
+    ValueViewMixin,
+    RunActionsMixin,
+    admin.ModelAdmin,
+):
     run_path = ""
     values = RUN_VALUES
     change_form_template = "admin/agentrun/run/change_form.html"

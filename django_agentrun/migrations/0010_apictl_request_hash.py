@@ -4,19 +4,25 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('agentrun', '0009_turn_usage_details'),
+        ("agentrun", "0009_turn_usage_details"),
     ]
 
     operations = [
         migrations.AlterModelOptions(
-            name='run',
-            options={'ordering': ['-created_at'], 'permissions': [('cancel_run', 'Can cancel and resume agent runs'), ('start_run', 'Can start runs of agents through the API'), ('view_all_runs', 'Can view every agent run, not only their own')]},
+            name="run",
+            options={
+                "ordering": ["-created_at"],
+                "permissions": [
+                    ("cancel_run", "Can cancel and resume agent runs"),
+                    ("start_run", "Can start runs of agents through the API"),
+                    ("view_all_runs", "Can view every agent run, not only their own"),
+                ],
+            },
         ),
         migrations.AddField(
-            model_name='run',
-            name='request_hash',
-            field=models.CharField(blank=True, default='', max_length=64),
+            model_name="run",
+            name="request_hash",
+            field=models.CharField(blank=True, default="", max_length=64),
         ),
     ]

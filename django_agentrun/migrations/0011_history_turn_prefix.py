@@ -4,15 +4,18 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('agentrun', '0010_apictl_request_hash'),
+        ("agentrun", "0010_apictl_request_hash"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='turn',
-            name='prefix',
-            field=models.CharField(blank=True, help_text='SHA-256 of the model, system, tools and messages this answer was written after (kept where it has thinking blocks: engine/history.py keep_valid_thinking).', max_length=64),
+            model_name="turn",
+            name="prefix",
+            field=models.CharField(
+                blank=True,
+                help_text="SHA-256 of the model, system, tools and messages this answer was written after (kept where it has thinking blocks: engine/history.py keep_valid_thinking).",
+                max_length=64,
+            ),
         ),
     ]

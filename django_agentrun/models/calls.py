@@ -67,6 +67,15 @@ class Turn(FSMModelMixin, UsageCounts):
         constraints = [
             models.UniqueConstraint(fields=["run", "index"], name="agentrun_turn_run_index"),
         ]
+        indexes = [
+            # The admin overview's latency (admin/overview_data.py), index-only: entries for
+            # completed turns only, added by the write that completes one.
+            models.Index(
+                fields=["finished_at", "started_at", "model"],
+                condition=Q(state=TurnState.COMPLETED),
+                name="agentrun_turn_finished_idx",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"turn {self.index} of {self.run_id} ({self.state})"
@@ -178,6 +187,13 @@ class ToolCall(FSMModelMixin, models.Model):
                 fields=["decided_by"],
                 condition=Q(decided_by__isnull=False),
                 name="agentrun_toolcall_decider_idx",
+            ),
+            # The admin overview's tool latency, index-only: calls that ran a handler, once
+            # closed.
+            models.Index(
+                fields=["finished_at", "started_at", "name"],
+                condition=Q(started_at__isnull=False, finished_at__isnull=False),
+                name="agentrun_toolcall_finished_idx",
             ),
             models.Index(
                 fields=["approval_deadline"],

@@ -194,6 +194,7 @@ class Run(FSMModelMixin, UsageCounts):
             ("cancel_run", "Can cancel and resume agent runs"),
             ("start_run", "Can start runs of agents through the API"),
             ("view_all_runs", "Can view every agent run, not only their own"),
+            ("view_overview", "Can view the overview of agent runs (charts)"),
         ]
         constraints = [
             models.UniqueConstraint(
@@ -242,6 +243,23 @@ class Run(FSMModelMixin, UsageCounts):
                 fields=["cancel_requested_by"],
                 condition=Q(cancel_requested_by__isnull=False),
                 name="agentrun_run_cancelled_by_idx",
+            ),
+            # The admin overview's window scans (admin/overview_data.py), index-only: every
+            # column they read is a key (no INCLUDE: SQLite has none). A run gets its entry
+            # when it finishes, so no write of an active run touches it.
+            models.Index(
+                fields=[
+                    "finished_at",
+                    "state",
+                    "agent",
+                    "error_code",
+                    "cost_usd",
+                    "input_tokens",
+                    "cache_creation_input_tokens",
+                    "cache_read_input_tokens",
+                ],
+                condition=Q(finished_at__isnull=False),
+                name="agentrun_run_finished_idx",
             ),
             models.Index(
                 fields=["forked_from"],
