@@ -55,15 +55,20 @@ class CountingReaper(Reaper):
 
 
 def _hogs(n: int) -> list[subprocess.Popen]:
-    """`n` busy loops at nice -5 (above the workers' 0), where this process may."""
+    """`n` busy loops 5 steps of niceness above the workers (nice -5 beside workers at 0),
+    where this process may (root); else at the workers' own."""
     nice = ["nice", "-n", "-5"] if os.geteuid() == 0 else ["nice", "-n", "0"]
     return [subprocess.Popen([*nice, sys.executable, "-c", HOG]) for _ in range(n)]
 
 
 def _start(n: int) -> list:
+    """`n` runs at once: created in one transaction, their wake-ups published on its commit."""
+    from django.db import transaction
+
     from django_agentrun import start_run
 
-    return [start_run("bench-throughput", f"load id=load-{i}").pk for i in range(n)]
+    with transaction.atomic():
+        return [start_run("bench-throughput", f"load id=load-{i}").pk for i in range(n)]
 
 
 def measure(n: int, hogs: int) -> dict:
@@ -143,9 +148,11 @@ def measure(n: int, hogs: int) -> dict:
 def run(quick: bool) -> None:
     hogs = int(os.environ.get("BENCH_HOG", "0"))
     n = int(os.environ.get("BENCH_LOAD_RUNS", "100" if quick else "1000"))
+    mine = os.nice(0)
+    above = mine - 5 if os.geteuid() == 0 else mine
     section(
-        f"Load: {n} runs at once, 2 prefork workers x 2 processes, lease {LEASE} s, reaper "
-        f"every 1 s{f', {hogs} busy loops at nice -5' if hogs else ''}"
+        f"Load: {n} runs at once, 2 prefork workers x 2 processes (nice {mine}), lease "
+        f"{LEASE} s, reaper every 1 s{f', {hogs} busy loops at nice {above}' if hogs else ''}"
     )
     r = measure(n, hogs)
     actions = sum(r["reaper_actions"].values())
