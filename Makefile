@@ -37,7 +37,7 @@ CHROMIUM ?= /usr/bin/chromium
 .PHONY: test lane lint checks test-sqlite test-postgres test-workers test-postgres-ssb \
 	test-postgres-psycopg2 test-workers-psycopg2 test-pgbouncer pgbouncer test-django-pool \
 	test-node node test-browser chromium test-django6 test-browser-django6 test-release demo chat \
-	bench bench-quick install
+	bench bench-quick bench-load install
 
 # A virtualenv with the project and its test dependencies, rebuilt when pyproject changes.
 $(VENV)/.installed: pyproject.toml
@@ -274,6 +274,11 @@ bench: install
 
 bench-quick: install
 	DATABASE_URL=$(PG_URL) $(PYTHON) bench/run.py --quick
+
+# The load target (bench/load.py): 1,000 runs, 2 prefork workers x 2, lease 3 s, the reaper
+# every second; BENCH_HOG=2 runs it beside two busy loops at nice -5 (a saturated machine).
+bench-load: install
+	DATABASE_URL=$(BENCH_DB_URL) $(PYTHON) bench/run.py --only load
 
 # The side-by-side benchmark (bench/side_by_side.py): django-agentrun against DBOS and
 # LangGraph, whose packages live in a virtualenv of their own (never in $(VENV)).

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import os
 from typing import Any
 
 from django_agentrun.abort import AbortSignal
@@ -34,6 +35,24 @@ def _params(request: ModelRequest) -> tuple[str, dict[str, str]]:
     text = first if isinstance(first, str) else ""
     params = dict(part.split("=", 1) for part in text.split() if "=" in part)
     return text, params
+
+
+def log_call(kind: str, key: str) -> None:
+    """One line per model answer or tool execution in BENCH_CALLS_LOG (bench/load.py counts
+    the keys seen twice): an O_APPEND write of a short line, whole from every process."""
+    path = os.environ.get("BENCH_CALLS_LOG")
+    if path:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, f"{kind} {key}\n".encode())
+        finally:
+            os.close(fd)
+
+
+def _run_key(request: ModelRequest) -> str:
+    text, params = _params(request)
+    step = sum(1 for m in request.messages if m["role"] == "assistant")
+    return f"{params.get('id', text)}:{step}"
 
 
 def scenario_of(request: ModelRequest) -> str:
@@ -95,6 +114,7 @@ class BenchClient:
         if abort.aborted:
             raise StreamAborted(abort.reason)
         content, stop = script(request)
+        log_call("model", _run_key(request))
         n = next(_ids)
         return ModelResponse(
             message_id=f"msg_bench_{n:08d}",

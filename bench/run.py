@@ -20,13 +20,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import common  # noqa: E402
 
 SECTIONS = ["engine", "throughput", "recovery", "failpoints", "cancel", "storage"]
+# Run only when named (--only load; make bench-load): 1,000 runs take minutes.
+ON_REQUEST = ["load"]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer samples (< ~60 s, a CI smoke)")
     parser.add_argument(
-        "--only", action="append", choices=SECTIONS, help="run only this section (repeatable)"
+        "--only",
+        action="append",
+        choices=SECTIONS + ON_REQUEST,
+        help="run only this section (repeatable)",
     )
     parser.add_argument(
         "--keep-data", action="store_true", help="do not empty the agentrun tables first"
@@ -48,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{' (tables emptied)' if reset else ''}; python {sys.version.split()[0]}; "
         f"{os.cpu_count()} CPUs, {_load()}"
     )
-    from bench import cancel, engine, failpoints, recovery, storage, throughput, workers
+    from bench import cancel, engine, failpoints, load, recovery, storage, throughput, workers
 
     modules = {
         "engine": engine,
@@ -57,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         "failpoints": failpoints,
         "cancel": cancel,
         "storage": storage,
+        "load": load,
     }
     failed: list[str] = []
     try:

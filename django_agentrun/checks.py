@@ -230,6 +230,17 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
                 id="agentrun.E006",
             )
         )
+    scan = s.WAKEUP_SCAN_LIMIT
+    if isinstance(scan, bool) or not isinstance(scan, int) or scan < 0:
+        found.append(
+            checks.Error(
+                f"AGENTRUN_WAKEUP_SCAN_LIMIT must be a whole number of messages, 0 or more "
+                f"(got {scan!r}).",
+                hint="The reaper reads at most this many of the broker's messages to know "
+                "which wake-ups are lost; 0 makes it count the queue instead.",
+                id="agentrun.E040",
+            )
+        )
     try:
         api_rule("AGENTRUN_API_START", s.API_START)
     except ConfigurationError as exc:

@@ -9,6 +9,7 @@ database has it, so two reapers at once never act on the same run twice.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -60,8 +61,11 @@ KINDS = {
     "not_picked_up": "nobody picked it up (message lost): re-enqueue",
 }
 
-# Leases a run may wait for a worker behind a backlog before its wake-up is sent again.
+# Leases a run may wait for a worker behind a backlog before its wake-up is sent again
+# (only where the broker's messages cannot be read: see _lost_wakeups).
 BACKLOG_PATIENCE = 10
+# Seconds between the two reads of the broker before a run's wake-up counts as lost.
+LOOK_AGAIN_SECONDS = 0.25
 
 
 def reap(
@@ -139,12 +143,23 @@ def _unclaimed_since(base, before: datetime):
 
 def _lost_wakeups(base, now: datetime, stale: timedelta):
     """Runs whose wake-up was lost (a crash between commit and publish, a broker that lost
-    its messages). Unclaimed for `stale` while the queue is empty: lost. While messages
-    wait in the queue, they may well be these runs' own: a run is re-woken only after
-    waiting BACKLOG_PATIENCE leases, so a backlog gets no pile of duplicates."""
+    its messages), never runs that merely wait behind a backlog. Unclaimed for `stale`, and
+    the broker holds no message for it (wakeups.waiting_runs: Redis's queue and delivered
+    messages, read twice a moment apart: a message a worker is taking is in neither for an
+    instant): lost. A broker that cannot be read is counted instead: while messages wait in
+    the queue, a run is re-woken only after waiting BACKLOG_PATIENCE leases."""
     waiting = _unclaimed_since(base, now - stale)
     if not waiting.exists():
         return waiting
+    held = wakeups.waiting_runs()
+    if held is not None:
+        suspects = [pk for pk in waiting.values_list("pk", flat=True) if str(pk) not in held]
+        if suspects:
+            time.sleep(LOOK_AGAIN_SECONDS)
+            again = wakeups.waiting_runs()
+            if again is not None:
+                suspects = [pk for pk in suspects if str(pk) not in again]
+        return waiting.filter(pk__in=suspects)
     backlog = wakeups.queued_messages()
     if not backlog:  # empty, or the broker cannot tell: re-send
         return waiting

@@ -20,8 +20,11 @@ def noise(size: int, seed: str = "") -> str:
 
 
 @tool(side_effect=SideEffect.READ_ONLY)
-def lookup(query: str) -> dict:
+def lookup(ctx: ToolContext, query: str) -> dict:
     """Look up a fact (returns at once)."""
+    from bench.clients import log_call
+
+    log_call("tool", ctx.idempotency_key)
     return {"query": query, "answer": "42"}
 
 

@@ -262,3 +262,11 @@ def test_checks__visibility_timeout_shorter_than_the_longest_task(current, setti
 def check_celery_with(current):
     current(configured_app())  # the app reads the settings as they are now
     return check_celery()
+
+
+@pytest.mark.parametrize(
+    ("limit", "refused"), [(0, False), (100_000, False), (-1, True), (1.5, True), ("10", True)]
+)
+def test_checks__wakeup_scan_limit(settings, limit, refused):
+    settings.AGENTRUN_WAKEUP_SCAN_LIMIT = limit
+    assert ("agentrun.E040" in ids(check_settings())) is refused
