@@ -19,7 +19,7 @@ from typing import Any
 
 from django.db import DatabaseError, connection, transaction
 
-from .. import store, transitions, wakeups
+from .. import store, telemetry, transitions, wakeups
 from ..abort import CANCEL_REQUESTED, AbortSignal
 from ..clients import ModelClient
 from ..conf import agentrun_settings
@@ -83,10 +83,24 @@ def settle_in_flight(run_id: Any, *, steal_from: str | None = None) -> str:
 
 
 def drive(step: Step, *, heartbeat: bool = False) -> str:
-    """Claim, send the step's commits under the lease (with a heartbeat if asked)."""
+    """Claim, send the step's commits under the lease (with a heartbeat if asked), in the
+    span of this stretch of work on the run (telemetry.py)."""
+    before = time.time()
     commit = claim.claim(step)
     if commit is None:
         return Outcome.NOT_CLAIMED
+    run = step.run
+    model = str((run.config or {}).get("model") or "")
+    with telemetry.invoke_agent(run, model, recovery=step.settle_only) as stretch:
+        started = run.started_at
+        first = started is not None and started.timestamp() >= before - 0.001
+        telemetry.claimed(stretch, run, first=first, recovery=step.took_over)
+        outcome = _drive(step, commit, heartbeat)
+        telemetry.stretch_ended(stretch, outcome, step.turns)
+        return outcome
+
+
+def _drive(step: Step, commit: Commit, heartbeat: bool) -> str:
     lease = step.lease
     assert lease is not None
     beat = Heartbeat(lease, step.abort) if heartbeat else None
@@ -194,7 +208,12 @@ def _next(step: Step) -> Commit:
             return made
         turn = made
     if turn.content is None:
-        return model_turn.ask(step, turn)
+        telemetry.at_turn(turn.index)
+        began = time.monotonic()
+        commit = model_turn.ask(step, turn)
+        cost = commit.write.counters.get("cost_usd") if commit.write is not None else None
+        telemetry.answered(step.run, turn, step.config.model, time.monotonic() - began, cost)
+        return commit
     return execution.next_commit(step, turn)
 
 
