@@ -14,8 +14,8 @@ import anthropic
 import httpx2
 from anthropic.types import TextBlockParam, TextCitationParam, ToolUseBlockParam
 
-from ..abort import AbortSignal
 from .. import telemetry
+from ..abort import AbortSignal
 from ..conf import agentrun_settings
 from . import caching
 from .base import ModelError, ModelRequest, ModelResponse, StreamAborted, Usage, emit
