@@ -40,7 +40,9 @@ WRITE = "AGENTRUN_WRITE_TRACE"
 # the rest of each path is the store's send (store/writes, rows, sql; fields; streams'
 # commit nudge), the catalog's prices and settings: see the document.
 TARGET = 12
-BUDGET = {"model turn": 22, "tool call": 17}
+# The tool call's path has telemetry.py (issue #28: the execute_tool span is opened at the
+# one place a handler is invoked; the model turn's telemetry is recorded after its send).
+BUDGET = {"model turn": 22, "tool call": 18}
 
 # Comprehensions are frames of their own before Python 3.12 and inlined from 3.12 (PEP
 # 709): left out, so the document is the same on every supported Python.
