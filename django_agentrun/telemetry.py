@@ -460,12 +460,17 @@ def execute_tool(call: Any, side_effect: str) -> Iterator[ToolSpan]:
 def observe_approvals(query: Callable[[], Iterable[tuple[str, int, float]]]) -> None:
     """Report, at each collection, the approvals waiting per agent and the oldest one's age
     in seconds: `query()` gives (agent, count, oldest age) rows."""
+    failed: list[bool] = []
 
     def rows() -> list[tuple[str, int, float]]:
         try:
             return list(query())
         except Exception:  # noqa: BLE001 - a collection must never raise
-            logging.getLogger(__name__).warning("Could not count the approvals waiting")
+            if not failed:  # once per process: collections come every few seconds
+                failed.append(True)
+                logging.getLogger(__name__).warning(
+                    "Could not count the approvals waiting", exc_info=True
+                )
             return []
 
     def waiting(options: CallbackOptions) -> Iterable[Observation]:

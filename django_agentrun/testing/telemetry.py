@@ -25,9 +25,11 @@ __all__ = ["in_memory", "install", "read_metrics", "read_spans", "render", "span
 _INSTALLED: list[Any] = []
 
 
-def install(directory: str | os.PathLike[str], *, interval: float = 0.2) -> None:
+def install(directory: str | os.PathLike[str], *, interval: float | None = None) -> None:
     """Install an SDK tracer and meter provider (once per process) that write to
-    `directory`."""
+    `directory`, the metrics every `interval` seconds (AGENTRUN_TELEMETRY_INTERVAL, 0.2)."""
+    if interval is None:
+        interval = float(os.environ.get("AGENTRUN_TELEMETRY_INTERVAL") or 0.2)
     if _INSTALLED:
         return
     from opentelemetry import metrics, trace
@@ -159,9 +161,14 @@ def render(spans: Iterable[dict[str, Any]]) -> str:
         for child in children.get(span["span_id"], []):
             walk(child, depth + 1)
 
+    # A span whose parent was never exported (its process was killed) is a root too.
+    traces: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for root in children.get(None, []):
-        lines.append(f"trace {root['trace_id']}")
-        walk(root, 1)
+        traces[root["trace_id"]].append(root)
+    for trace_id, roots in traces.items():
+        lines.append(f"trace {trace_id}")
+        for root in roots:
+            walk(root, 1)
     return "\n".join(lines)
 
 
