@@ -63,7 +63,8 @@ def install_sdk() -> None:
     provider = TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(NoSpans()))
     trace.set_tracer_provider(provider)
-    reader = PeriodicExportingMetricReader(NoMetrics(), export_interval_millis=1000)
+    # The SDK's default interval (60 s): each collection also counts the approvals waiting.
+    reader = PeriodicExportingMetricReader(NoMetrics(), export_interval_millis=60_000)
     metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
 
 

@@ -405,13 +405,14 @@ def settled(call: Any, policy: str) -> None:
 class ToolSpan:
     """The `execute_tool` span of one handler invocation; `end` says how it ended."""
 
-    __slots__ = ("span", "call", "began", "outcome")
+    __slots__ = ("span", "call", "began", "outcome", "content")
 
-    def __init__(self, span: Any, call: Any) -> None:
+    def __init__(self, span: Any, call: Any, content: bool) -> None:
         self.span = span
         self.call = call
         self.began = time.perf_counter()
         self.outcome = "executed"
+        self.content = content
 
     def end(self, state: str, is_error: bool, result: Any) -> None:
         self.outcome = "cancelled" if state == "cancelled" else "executed"
@@ -423,7 +424,7 @@ class ToolSpan:
         if is_error:
             span.set_attribute("error.type", "tool_error" if state != "cancelled" else state)
             span.set_status(Status(StatusCode.ERROR))
-        if capture_content():
+        if self.content:
             span.set_attribute("gen_ai.tool.call.result", _json(getattr(result, "value", result)))
 
 
@@ -441,12 +442,13 @@ def execute_tool(call: Any, side_effect: str) -> Iterator[ToolSpan]:
     if call.approved and call.decided_at is not None:
         waited = (call.decided_at - call.created_at).total_seconds()
         attributes["agentrun.approval.wait_seconds"] = max(waited, 0.0)
-    if capture_content():
+    content = capture_content()
+    if content:
         attributes["gen_ai.tool.call.arguments"] = _json(call.arguments)
     with _tracer.start_as_current_span(
         f"execute_tool {call.name}", kind=SpanKind.INTERNAL, attributes=attributes
     ) as span:
-        recorded = ToolSpan(span, call)
+        recorded = ToolSpan(span, call, content)
         yield recorded
     TOOL_DURATION.record(
         time.perf_counter() - recorded.began,
