@@ -36,7 +36,7 @@ CHROMIUM ?= /usr/bin/chromium
 
 .PHONY: test lane lint checks test-sqlite test-postgres test-workers test-postgres-ssb \
 	test-postgres-psycopg2 test-workers-psycopg2 test-pgbouncer pgbouncer test-django-pool \
-	test-node node test-browser chromium test-django6 test-browser-django6 test-release demo chat \
+	test-node node test-browser chromium test-django6 test-browser-django6 test-release demo demo-traces chat \
 	bench bench-quick bench-load install
 
 # A virtualenv with the project and its test dependencies, rebuilt when pyproject changes.
@@ -263,6 +263,17 @@ $(DEMO_VENV)/.installed: pyproject.toml
 
 demo: $(DEMO_VENV)/.installed
 	$(DEMO_VENV)/bin/python manage.py agentrun_demo
+
+# The demo with its traces (docs/how-to/telemetry.md): every process writes its spans and
+# metrics to .demo-traces/ through the OpenTelemetry SDK; the runs' span trees are printed
+# at the end. With OTEL_EXPORTER_OTLP_ENDPOINT (and opentelemetry-exporter-otlp) instead,
+# the example project sends them to that OTLP viewer.
+demo-traces: $(DEMO_VENV)/.installed
+	$(DEMO_VENV)/bin/python -m pip install -q "opentelemetry-sdk>=1.27"
+	rm -rf .demo-traces
+	AGENTRUN_TELEMETRY_DIR=$(CURDIR)/.demo-traces AGENTRUN_TELEMETRY_INTERVAL=5 \
+	  $(DEMO_VENV)/bin/python manage.py agentrun_demo
+	$(DEMO_VENV)/bin/python -m django_agentrun.testing.telemetry .demo-traces
 
 # The example chat page at http://127.0.0.1:8000/chat/ (user demo, password demo): uvicorn
 # and a Celery worker on Redis (CHAT_ARGS="--redis-url redis://host:6379/0 --port 8001").

@@ -43,6 +43,9 @@ DEFAULTS: dict[str, Any] = {
     "MAX_RECOVERY_ATTEMPTS": 5,
     # SIGTERM to SIGKILL grace for ctx.run_subprocess on cancel.
     "CANCEL_GRACE_SECONDS": 5.0,
+    # Prompts, answers, tool arguments and results in spans (telemetry.py): True or False;
+    # None follows OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT (off when unset).
+    "TELEMETRY_CAPTURE_CONTENT": None,
     # Dotted path to the model client class (or factory).
     "MODEL_CLIENT": "django_agentrun.clients.anthropic.AnthropicModelClient",
     # SDK retries inside a worker (keep low: the engine does bounded, cancellable backoff).

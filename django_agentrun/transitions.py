@@ -13,7 +13,7 @@ from typing import Any
 from django.utils import timezone
 from django_fsm import TransitionNotAllowed
 
-from . import signals, wakeups
+from . import signals, telemetry, wakeups
 from .content import StoredResult
 from .events import EventType, payloads
 from .exceptions import InvalidTransition
@@ -446,6 +446,8 @@ def create_run(
     exists). A fork's also the turns and tool calls it copies and their events
     (`history`, after run_created); `forked_by`: who forked it. The caller wakes it on
     commit."""
+    # The run's first span, in the trace of the caller; the run keeps its context.
+    run.trace_context = telemetry.run_created(run)
     events = [payloads.run_created(run, run.owner, forked_by=forked_by), *history]
     run.last_seq = len(events)
     run.save(force_insert=True)

@@ -166,3 +166,22 @@ LOGGING = {
         },
     },
 }
+
+# Telemetry (docs/how-to/telemetry.md). `make demo-traces` (and the tests) name a directory:
+# every process writes its spans and metrics there as JSON lines, through the SDK's own
+# exporters (`python -m django_agentrun.testing.telemetry DIR` prints the span trees). With
+# OTEL_EXPORTER_OTLP_ENDPOINT set and opentelemetry-exporter-otlp installed, the three lines
+# a host adds send them to any OTLP viewer (Jaeger, a collector) instead.
+if os.environ.get("AGENTRUN_TELEMETRY_DIR"):
+    from django_agentrun.testing.telemetry import install as _install_telemetry
+
+    _install_telemetry(os.environ["AGENTRUN_TELEMETRY_DIR"])
+elif os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+    from opentelemetry import trace as _trace
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    _provider = TracerProvider()
+    _provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    _trace.set_tracer_provider(_provider)

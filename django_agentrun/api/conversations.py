@@ -19,7 +19,7 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from .. import services
+from .. import services, telemetry
 from ..exceptions import InvalidInput, OptionRefused
 from ..models import Conversation, Run
 from . import controls
@@ -151,23 +151,24 @@ class ConversationViewSet(
         existed = key is not None and Run.objects.filter(owner=request.user, idempotency_key=key)
         existed = bool(existed and existed.exists())
         try:
-            run = services.send_message(
-                conversation,
-                data["input"],
-                policy=data.get("policy"),
-                context=data.get("context"),
-                idempotency_key=key,
-                metadata=data.get("metadata"),
-                by=request.user,
-                request_hash=controls.digest(
-                    data,
-                    "input",
-                    "context",
-                    "metadata",
-                    "policy",
-                    conversation=str(conversation.pk),
-                ),
-            )
+            with telemetry.continued(request.headers):  # the client's traceparent, if any
+                run = services.send_message(
+                    conversation,
+                    data["input"],
+                    policy=data.get("policy"),
+                    context=data.get("context"),
+                    idempotency_key=key,
+                    metadata=data.get("metadata"),
+                    by=request.user,
+                    request_hash=controls.digest(
+                        data,
+                        "input",
+                        "context",
+                        "metadata",
+                        "policy",
+                        conversation=str(conversation.pk),
+                    ),
+                )
         except OptionRefused:
             raise  # option_refused: a 400 naming the option, the value and the model
         except InvalidInput as exc:

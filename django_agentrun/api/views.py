@@ -33,7 +33,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.settings import api_settings
 
-from .. import services
+from .. import services, telemetry
 from ..models import Run, ToolCall, Turn
 from ..states import RunState
 from . import controls
@@ -166,7 +166,9 @@ class RunViewSet(
     def create(self, request: Request) -> Response:
         body = s.RunCreateSerializer(data=request.data, context={"request": request})
         body.is_valid(raise_exception=True)
-        run, existed = controls.start(request.user, body.validated_data)
+        # The run joins the trace of the client's `traceparent` (telemetry.py).
+        with telemetry.continued(request.headers):
+            run, existed = controls.start(request.user, body.validated_data)
         return self._detail(run, status.HTTP_200_OK if existed else status.HTTP_201_CREATED)
 
     @operation(

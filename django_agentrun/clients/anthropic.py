@@ -14,6 +14,7 @@ import anthropic
 import httpx2
 from anthropic.types import TextBlockParam, TextCitationParam, ToolUseBlockParam
 
+from .. import telemetry
 from ..abort import AbortSignal
 from ..conf import agentrun_settings
 from . import caching
@@ -124,7 +125,13 @@ class AnthropicModelClient:
             kwargs["api_key"] = self._api_key
         if self._base_url is not None:
             kwargs["base_url"] = self._base_url
-        return anthropic.Anthropic(**kwargs)
+        client = anthropic.Anthropic(**kwargs)
+        if telemetry.capture_content():
+            # The host opted in to content in spans: the SDK's `chat` span has it too.
+            options = client.open_telemetry
+            traces = {**options["traces"], "content_mode": "content"}
+            client = client.with_options(open_telemetry={**options, "traces": traces})
+        return client
 
     def close(self) -> None:
         """Close the SDK client's connection pool (a later call builds a new one)."""

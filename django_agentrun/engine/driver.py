@@ -19,7 +19,7 @@ from typing import Any
 
 from django.db import DatabaseError, connection, transaction
 
-from .. import store, transitions, wakeups
+from .. import store, telemetry, transitions, wakeups
 from ..abort import CANCEL_REQUESTED, AbortSignal
 from ..clients import ModelClient
 from ..conf import agentrun_settings
@@ -28,7 +28,7 @@ from ..events import EventType, payloads
 from ..exceptions import ConcurrentUpdate, LeaseLost
 from ..failpoints import failpoint
 from ..identity import worker_identity
-from ..models import Run, ToolCall
+from ..models import Run, ToolCall, Turn
 from ..outcomes import CallEnding
 from ..states import ResultSource, RunState, ToolCallState
 from . import claim, execution, model_turn
@@ -55,6 +55,8 @@ OUTCOMES = {
     Then.LEAVE: Outcome.LEASE_LOST,
     Then.EXPIRE: Outcome.LEASE_LOST,
 }
+
+Answered = tuple[Turn, str, float]  # a model answer's turn, model and seconds (telemetry)
 
 RETRY_PAUSE = 0.05  # seconds before a commit that was not written is sent again (doubling)
 
@@ -83,10 +85,24 @@ def settle_in_flight(run_id: Any, *, steal_from: str | None = None) -> str:
 
 
 def drive(step: Step, *, heartbeat: bool = False) -> str:
-    """Claim, send the step's commits under the lease (with a heartbeat if asked)."""
+    """Claim, send the step's commits under the lease (with a heartbeat if asked), in the
+    span of this stretch of work on the run (telemetry.py)."""
+    before = time.time()
     commit = claim.claim(step)
     if commit is None:
         return Outcome.NOT_CLAIMED
+    run = step.run
+    model = str((run.config or {}).get("model") or "")
+    with telemetry.invoke_agent(run, model, recovery=step.settle_only) as stretch:
+        started = run.started_at
+        first = started is not None and started.timestamp() >= before - 0.001
+        telemetry.claimed(stretch, run, first=first, recovery=step.took_over)
+        outcome = _drive(step, commit, heartbeat)
+        telemetry.stretch_ended(stretch, outcome, step.turns)
+        return outcome
+
+
+def _drive(step: Step, commit: Commit, heartbeat: bool) -> str:
     lease = step.lease
     assert lease is not None
     beat = Heartbeat(lease, step.abort) if heartbeat else None
@@ -120,6 +136,7 @@ def drive(step: Step, *, heartbeat: bool = False) -> str:
 def _send_all(step: Step, commit: Commit) -> Commit:
     """Send each commit and ask for the next while the run goes on here; the last one
     (what follows it is not `GO_ON`)."""
+    answered: Answered | None = None
     while True:
         if commit.write is None:
             return commit  # stop, writing nothing
@@ -135,13 +152,15 @@ def _send_all(step: Step, commit: Commit) -> Commit:
                     reason = f"Run {step.run_id} changed meanwhile; result kept"
                     return Commit.stop(FOLLOWS[At.REFUSED, Ended.RESULT_KEPT].then, reason)
                 raise
+        if answered is not None:
+            telemetry.answered(step.run, *answered, cost=commit.write.counters.get("cost_usd"))
         if commit.failpoint is not None and step.failpoints:
             failpoint(*commit.failpoint)
         if commit.then is not Then.GO_ON:
             return commit
         if commit.write.cancel_requested and not step.abort.cancel_requested:
             step.abort.abort(CANCEL_REQUESTED)
-        commit = _next(step)
+        commit, answered = _next(step)
 
 
 def _send_again(step: Step, write: store.Write, error: DatabaseError) -> None:
@@ -175,15 +194,15 @@ def _send_again(step: Step, write: store.Write, error: DatabaseError) -> None:
             error = exc
 
 
-def _next(step: Step) -> Commit:
-    """The next phase's commit."""
+def _next(step: Step) -> tuple[Commit, Answered | None]:
+    """The next phase's commit, and the model's answer it records (if it does)."""
     if step.abort.aborted or step.deadline_passed():
-        return interruption(step)
+        return interruption(step), None
     if step.settle_only:
         commit = execution.settle_only(step, step.turn)
         if commit is None:
-            return commit_of(step, step.write(), At.SETTLED, Ended.NOTHING_LEFT)
-        return commit
+            return commit_of(step, step.write(), At.SETTLED, Ended.NOTHING_LEFT), None
+        return commit, None
     turn = step.turn
     if turn is None:
         if step.turns_done:
@@ -192,11 +211,15 @@ def _next(step: Step) -> Commit:
                 failpoint("turn.before_enqueue")
         made = claim.new_turn(step)
         if isinstance(made, Commit):
-            return made
+            return made, None
         turn = made
     if turn.content is None:
-        return model_turn.ask(step, turn)
-    return execution.next_commit(step, turn)
+        telemetry.at_turn(turn.index)
+        began = time.monotonic()
+        commit = model_turn.ask(step, turn)
+        # Recorded once the commit is sent (off the model turn's path: explanation/trace.md).
+        return commit, (turn, step.config.model, time.monotonic() - began)
+    return execution.next_commit(step, turn), None
 
 
 def cancel_parked(run: Run) -> None:

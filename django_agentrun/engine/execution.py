@@ -13,6 +13,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from .. import telemetry
 from ..content import stored_result
 from ..exceptions import InvalidContent, ToolCancelled, ToolError
 from ..failpoints import failpoint
@@ -128,7 +129,14 @@ def tool_context(step: Step, call: ToolCall) -> ToolContext:
 
 
 def invoke(step: Step, tool: Tool, call: ToolCall) -> CallEnding:
-    """Run the handler; every way it ends becomes an outcome."""
+    """Run the handler in its `execute_tool` span; every way it ends becomes an outcome."""
+    with telemetry.execute_tool(call, tool.side_effect) as span:
+        ending = _invoke(step, tool, call)
+        span.end(ending.state, ending.is_error, ending.result)
+    return ending
+
+
+def _invoke(step: Step, tool: Tool, call: ToolCall) -> CallEnding:
     try:
         value = tool.invoke(tool_context(step, call), call.arguments)
     except ToolCancelled as exc:
@@ -193,6 +201,7 @@ def run_atomic(step: Step, turn: Turn, call: ToolCall, tool: Tool) -> Commit:
 def settle(step: Step, turn: Turn, call: ToolCall, tool: Tool | None) -> Commit:
     """The executor of this in_flight call died: apply the recovery policy (policy.py)."""
     decision = policy.decide(step, call, tool, tool_context(step, call))
+    telemetry.settled(call, type(decision).__name__.lower())
     write = step.write()
     if isinstance(decision, policy.Rerun):
         logger.info(

@@ -20,7 +20,7 @@ from typing import Any
 from django.db import DatabaseError
 from django.utils import timezone
 
-from .. import streams, transitions
+from .. import streams, telemetry, transitions
 from ..clients import ModelError, ModelRequest, ModelResponse, StreamAborted
 from ..conf import agentrun_settings
 from ..events import payloads
@@ -174,6 +174,7 @@ def call_model(
                 max(exc.retry_after or 0.0, base), agentrun_settings.MODEL_RETRY_MAX_SECONDS
             )
             delay *= 1 + random.random() * 0.1
+            telemetry.model_retry(exc.status, req.model)
             logger.warning(
                 "Model call failed (status=%s), retrying in %.1fs run_id=%s",
                 exc.status,

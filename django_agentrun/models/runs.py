@@ -85,6 +85,9 @@ class Run(FSMModelMixin, UsageCounts):
         default=dict, help_text="Snapshot of the agent's configuration when the run was created."
     )
     correlation_id = models.CharField(max_length=200, blank=True)
+    # The W3C trace context (traceparent, tracestate) of the run's first span: every later
+    # piece of work on the run joins that trace (telemetry.py). {} without an SDK.
+    trace_context = models.JSONField(default=dict, blank=True, editable=False)
     # Indexed by agentrun_run_owner_idx (owner, -created_at), which serves its lookups too.
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL,

@@ -9,7 +9,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from .. import store, transitions
+from .. import store, telemetry, transitions
 from ..agents import get_agent
 from ..content import stored_result
 from ..events import EventType, payloads
@@ -107,6 +107,7 @@ def approve_tool_call(
         transitions.approve_call(write, call, decided, by=by, note=note, edited=edited)
         transitions.after_decision(write, run, call)
         store.send(write)
+    telemetry.decided(run, call, "approved")
     logger.info("Tool call approved run_id=%s tool_call_id=%s", run.pk, call.tool_call_id)
     return call
 
@@ -136,6 +137,7 @@ def reject_tool_call(
         )
         transitions.after_decision(write, run, call)
         store.send(write)
+    telemetry.decided(run, call, "rejected")
     logger.info("Tool call rejected run_id=%s tool_call_id=%s", run.pk, call.tool_call_id)
     return call
 
@@ -182,6 +184,7 @@ def resolve_tool_call(
             raise ApprovalError(f"Unknown action {action!r}: use done, retry or fail.")
         transitions.after_decision(write, run, call)
         store.send(write)
+    telemetry.decided(run, call, f"resolved:{action}")
     logger.info(
         "Tool call resolved run_id=%s tool_call_id=%s action=%s", run.pk, call.tool_call_id, action
     )

@@ -13,7 +13,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from .. import catalog, store, transitions, wakeups
+from .. import catalog, store, telemetry, transitions, wakeups
 from ..agents import Agent, get_agent, owner_user_id
 from ..content import BLOCK_TYPES, has_cache_control, validate_blocks
 from ..exceptions import (
@@ -248,6 +248,10 @@ def cancel_run(run: Run | Any, *, by: Any = None, reason: str = "") -> Run:
         add_cancel(write, run, by=by, reason=reason)
         if write.events:
             store.send(write)
+    applied = run.state == RunState.CANCELLED
+    telemetry.cancel_requested(run, applied)
+    if applied:
+        telemetry.finished(run)
     logger.info("Cancel requested run_id=%s state=%s", run.pk, run.state)
     return run
 

@@ -263,6 +263,7 @@ UNCHANGING = {
         "input",
         "config",
         "correlation_id",
+        "trace_context",  # written once, at the run's creation (telemetry.run_created)
         "owner_id",
         "metadata",
         "idempotency_key",

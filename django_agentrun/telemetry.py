@@ -1,0 +1,545 @@
+"""OpenTelemetry traces, metrics and log fields, in the GenAI semantic conventions
+(semantic-conventions 1.41.0, status Development), through `opentelemetry-api` only.
+
+Without an SDK installed by the host every call here is the API's no-op: no span records,
+no instrument aggregates. With one:
+
+- one trace per run: `run_created` opens and ends the run's first span (`start_run
+  {agent}`, a child of whatever span is current: a view, a task, a script, or the
+  `traceparent` a client sent) and returns its W3C context, which the run keeps
+  (`Run.trace_context`); every later stretch of work on the run, in any process and
+  however much later, is a child of it;
+- `invoke_agent {agent}` around each stretch a worker spends on a run (the driver opens
+  it after the claim); the `anthropic` SDK's own `chat` span is its child (the SDK parents
+  its span on the current one), so the app emits no second one;
+- `execute_tool {tool}` around each handler invocation;
+- approvals and cancels as short spans in the run's trace, recoveries, hand-offs and
+  parks as events of the stretch's span.
+
+No content (prompts, answers, tool arguments and results) unless the host opts in:
+AGENTRUN_TELEMETRY_CAPTURE_CONTENT, or else the conventions'
+OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT. Metric attributes are bounded (agent,
+model, tool, state, outcome: never a run id).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import metrics, trace
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from .conf import agentrun_settings
+
+SEMCONV_VERSION = "1.41.0"
+SCHEMA_URL = f"https://opentelemetry.io/schemas/{SEMCONV_VERSION}"
+SCOPE = "django_agentrun"
+PROVIDER = "anthropic"
+# The one value of OTEL_SEMCONV_STABILITY_OPT_IN that concerns GenAI: this app never
+# emitted an older version of the conventions, so it emits the latest with or without it.
+OPT_IN = "gen_ai_latest_experimental"
+
+# The conventions' advice for the two GenAI client histograms.
+DURATION_BUCKETS = [0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48,
+                    40.96, 81.92]  # fmt: skip
+TOKEN_BUCKETS = [1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304,
+                 16777216, 67108864]  # fmt: skip
+# Runs and approvals last longer than a model call: up to a day.
+LONG_BUCKETS = [0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 14400, 86400]
+
+_W3C = TraceContextTextMapPropagator()
+# Proxies: they follow the provider a host sets later (or stay no-ops).
+_tracer = trace.get_tracer(SCOPE, schema_url=SCHEMA_URL)
+_meter = metrics.get_meter(SCOPE, schema_url=SCHEMA_URL)
+
+TOKEN_USAGE = _meter.create_histogram(
+    "gen_ai.client.token.usage",
+    unit="{token}",
+    description="Number of input and output tokens used.",
+    explicit_bucket_boundaries_advisory=TOKEN_BUCKETS,
+)
+OPERATION_DURATION = _meter.create_histogram(
+    "gen_ai.client.operation.duration",
+    unit="s",
+    description="GenAI operation duration.",
+    explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+)
+RUNS_STARTED = _meter.create_counter(
+    "agentrun.runs.started", unit="{run}", description="Runs created, by agent."
+)
+RUNS_FINISHED = _meter.create_counter(
+    "agentrun.runs.finished", unit="{run}", description="Runs that ended, by agent and state."
+)
+RUN_DURATION = _meter.create_histogram(
+    "agentrun.run.duration",
+    unit="s",
+    description="From a run's creation to its end, by agent and final state.",
+    explicit_bucket_boundaries_advisory=LONG_BUCKETS,
+)
+TURN_DURATION = _meter.create_histogram(
+    "agentrun.turn.duration",
+    unit="s",
+    description="From a turn's start to its close (the model's answer and its tools).",
+    explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+)
+TOOL_DURATION = _meter.create_histogram(
+    "agentrun.tool.duration",
+    unit="s",
+    description="A tool handler's run, by tool and outcome.",
+    explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+)
+QUEUE_LAG = _meter.create_histogram(
+    "agentrun.run.queue_lag",
+    unit="s",
+    description="From a run's being queued to a worker's first claim of it.",
+    explicit_bucket_boundaries_advisory=LONG_BUCKETS,
+)
+RECOVERIES = _meter.create_counter(
+    "agentrun.recoveries",
+    unit="{recovery}",
+    description="Runs taken over after their worker died or stopped, and in-flight calls settled.",
+)
+MODEL_RETRIES = _meter.create_counter(
+    "agentrun.model.retries", unit="{retry}", description="Model requests retried, by status."
+)
+COST = _meter.create_counter(
+    "agentrun.cost", unit="USD", description="What the model's answers cost, by agent and model."
+)
+
+
+# -- settings ------------------------------------------------------------------------------
+
+
+def capture_content() -> bool:
+    """Whether prompts, answers, tool arguments and results go into spans: the setting
+    AGENTRUN_TELEMETRY_CAPTURE_CONTENT, or (None) the conventions' environment variable."""
+    setting = agentrun_settings.TELEMETRY_CAPTURE_CONTENT
+    if setting is not None:
+        return bool(setting)
+    value = os.environ.get("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "")
+    return value.strip().lower() in ("true", "1", "span_only", "span_and_event")
+
+
+def latest_conventions() -> bool:
+    """Whether OTEL_SEMCONV_STABILITY_OPT_IN asks for the latest GenAI conventions (what
+    this app emits either way: it never emitted an older version)."""
+    values = os.environ.get("OTEL_SEMCONV_STABILITY_OPT_IN", "")
+    return OPT_IN in (v.strip() for v in values.split(","))
+
+
+# -- the run's trace context ----------------------------------------------------------------
+
+
+def headers_context(headers: Mapping[str, str]) -> Any:
+    """The context a request's W3C `traceparent`/`tracestate` headers carry (the API's
+    propagator parses them), or None when it carries none that is valid."""
+    carrier = {k: headers[k] for k in ("traceparent", "tracestate") if headers.get(k)}
+    if "traceparent" not in carrier:
+        return None
+    ctx = _W3C.extract(carrier)
+    if not trace.get_current_span(ctx).get_span_context().is_valid:
+        return None
+    return ctx
+
+
+@contextmanager
+def continued(headers: Mapping[str, str]) -> Iterator[None]:
+    """Within: the trace the request's `traceparent` names is current, unless a span is
+    current already (the host's own instrumentation of the request, itself continuing it)."""
+    ctx = None
+    if not trace.get_current_span().get_span_context().is_valid:
+        ctx = headers_context(headers)
+    token = otel_context.attach(ctx) if ctx is not None else None
+    try:
+        yield
+    finally:
+        if token is not None:
+            otel_context.detach(token)
+
+
+def run_created(run: Any) -> dict[str, str]:
+    """The run's first span, opened and ended at its creation in the current trace (or a
+    new one); its W3C context, which the run keeps ({} without an SDK)."""
+    RUNS_STARTED.add(1, {"gen_ai.agent.name": run.agent})
+    attributes = {**_run_attributes(run), "gen_ai.operation.name": "start_run"}
+    with _tracer.start_as_current_span(
+        f"start_run {run.agent}", kind=SpanKind.INTERNAL, attributes=attributes
+    ) as span:
+        if capture_content():
+            span.set_attribute("gen_ai.input.messages", _messages("user", run.input))
+        carrier: dict[str, str] = {}
+        _W3C.inject(carrier)
+    return carrier
+
+
+def _run_context(run: Any) -> Any:
+    """The run's stored context (None: it was created without an SDK, or before 0.4)."""
+    stored = getattr(run, "trace_context", None)
+    if not stored:
+        return None
+    ctx = _W3C.extract(stored)
+    return ctx if trace.get_current_span(ctx).get_span_context().is_valid else None
+
+
+def _run_attributes(run: Any) -> dict[str, Any]:
+    attributes = {
+        "gen_ai.provider.name": PROVIDER,
+        "gen_ai.agent.name": run.agent,
+        "agentrun.run.id": str(run.pk),
+    }
+    if getattr(run, "conversation_id", None):
+        attributes["gen_ai.conversation.id"] = str(run.conversation_id)
+    return attributes
+
+
+@contextmanager
+def in_run(run: Any, name: str, **attributes: Any) -> Iterator[Any]:
+    """A short span in the run's trace (an approval, a cancel), made where it happens."""
+    parent = _run_context(run)
+    links = _current_link() if parent is not None else None
+    with _tracer.start_as_current_span(
+        f"{name} {run.agent}",
+        context=parent,
+        kind=SpanKind.INTERNAL,
+        attributes={**_run_attributes(run), **attributes},
+        links=links,
+    ) as span:
+        yield span
+
+
+def decided(run: Any, call: Any, decision: str) -> None:
+    """A person decided on a waiting call: a short span in the run's trace, with the wait."""
+    attributes = {
+        "gen_ai.tool.name": call.name,
+        "gen_ai.tool.call.id": call.tool_call_id,
+        "agentrun.approval.decision": decision,
+    }
+    if call.decided_at is not None and call.created_at is not None:
+        waited = (call.decided_at - call.created_at).total_seconds()
+        attributes["agentrun.approval.wait_seconds"] = max(waited, 0.0)
+    with in_run(run, "approval", **attributes):
+        pass
+
+
+def cancel_requested(run: Any, applied: bool) -> None:
+    """A cancel was asked for: a short span in the run's trace."""
+    with in_run(run, "cancel", **{"agentrun.cancel.applied_at_once": applied}):
+        pass
+
+
+def _current_link() -> list[Link] | None:
+    """The span current where run work starts (a Celery task's, a request's), linked."""
+    current = trace.get_current_span().get_span_context()
+    return [Link(current)] if current.is_valid else None
+
+
+# -- a worker's stretch of work on a run ----------------------------------------------------
+
+_LOG: ContextVar[dict[str, Any] | None] = ContextVar("agentrun_log_fields", default=None)
+
+
+class Stretch:
+    """The `invoke_agent` span of one stretch of a worker's work on a run."""
+
+    def __init__(self, span: Any, run: Any, began: float) -> None:
+        self.span = span
+        self.run = run
+        self.began = began
+        self.recording = span.is_recording()
+
+    def event(self, name: str, **attributes: Any) -> None:
+        if self.recording:
+            self.span.add_event(name, attributes)
+
+
+@contextmanager
+def invoke_agent(run: Any, model: str, *, recovery: bool = False) -> Iterator[Stretch]:
+    """The span of one stretch of work on `run` (from the claim to the hand-off, park or
+    end): a child of the run's first span, current within, with the log fields set."""
+    parent = _run_context(run)
+    attributes = {
+        **_run_attributes(run),
+        "gen_ai.operation.name": "invoke_agent",
+        "gen_ai.request.model": model,
+    }
+    if recovery:
+        attributes["agentrun.recovery"] = True
+    span = _tracer.start_span(
+        f"invoke_agent {run.agent}",
+        context=parent,
+        kind=SpanKind.INTERNAL,
+        attributes=attributes,
+        links=_current_link() if parent is not None else None,
+    )
+    fields = {"run_id": str(run.pk), "agent": run.agent, "turn": None}
+    log_token = _LOG.set(fields)
+    stretch = Stretch(span, run, time.monotonic())
+    try:
+        with trace.use_span(span, end_on_exit=True):
+            yield stretch
+    finally:
+        _LOG.reset(log_token)
+
+
+def at_turn(index: int) -> None:
+    """The turn the current stretch works on (for the log fields)."""
+    fields = _LOG.get()
+    if fields is not None:
+        fields["turn"] = index
+
+
+def claimed(stretch: Stretch, run: Any, *, first: bool, recovery: bool) -> None:
+    """After the claim: the queue lag of a first claim, a recovery counted."""
+    attributes = {"gen_ai.agent.name": run.agent}
+    if first and run.started_at is not None and run.queued_at is not None:
+        lag = (run.started_at - run.queued_at).total_seconds()
+        QUEUE_LAG.record(max(lag, 0.0), attributes)
+    if recovery:
+        RECOVERIES.add(1, {**attributes, "agentrun.recovery.kind": "lease_taken_over"})
+        stretch.event("agentrun.recovery", **{"agentrun.recovery.attempts": run.recovery_attempts})
+
+
+def answered(run: Any, turn: Any, model: str, seconds: float, cost: Any = None) -> None:
+    """The model's answer for `turn` (recorded or not): the GenAI client metrics, its cost,
+    the turn's facts as an event of the stretch's span (where the SDK's `chat` span is)."""
+    base = {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": PROVIDER,
+        "gen_ai.request.model": model,
+    }
+    if turn.content is None:  # no answer recorded: the request failed or was stopped
+        OPERATION_DURATION.record(seconds, {**base, "error.type": run.error_code or "_OTHER"})
+        return
+    if turn.model:
+        base["gen_ai.response.model"] = turn.model
+    OPERATION_DURATION.record(seconds, base)
+    cached = (turn.cache_read_input_tokens or 0) + (turn.cache_creation_input_tokens or 0)
+    prompt = (turn.input_tokens or 0) + cached
+    TOKEN_USAGE.record(prompt, {**base, "gen_ai.token.type": "input"})
+    TOKEN_USAGE.record(turn.output_tokens or 0, {**base, "gen_ai.token.type": "output"})
+    if cost:
+        COST.add(float(cost), {"gen_ai.agent.name": run.agent, "gen_ai.request.model": model})
+    span = trace.get_current_span()
+    if span.is_recording():
+        share = (turn.cache_read_input_tokens or 0) / prompt if prompt else 0.0
+        span.add_event(
+            "gen_ai.turn",
+            {
+                "agentrun.turn.index": turn.index,
+                "agentrun.model.attempts": turn.model_attempts or 1,
+                "agentrun.cache_read.share": round(share, 4),
+                "gen_ai.usage.input_tokens": prompt,
+                "gen_ai.usage.output_tokens": turn.output_tokens or 0,
+                "gen_ai.response.finish_reasons": [turn.stop_reason or ""],
+            },
+        )
+
+
+def model_retry(status: int | None, model: str) -> None:
+    """A retryable model error, retried by the engine."""
+    MODEL_RETRIES.add(1, {"http.response.status_code": status or 0, "gen_ai.request.model": model})
+
+
+def stretch_ended(stretch: Stretch, outcome: str, turns: Iterable[Any]) -> None:
+    """The stretch's outcome (continued, parked, finished, lease lost), the durations of
+    the turns it closed, and the run's end."""
+    run = stretch.run
+    agent = {"gen_ai.agent.name": run.agent}
+    wall_began = time.time() - (time.monotonic() - stretch.began)
+    for t in turns:
+        if t.finished_at is not None and t.finished_at.timestamp() >= wall_began:
+            seconds = (t.finished_at - t.started_at).total_seconds()
+            TURN_DURATION.record(max(seconds, 0.0), {**agent, "gen_ai.request.model": t.model})
+    span = stretch.span
+    span.set_attribute("agentrun.outcome", outcome)
+    span.set_attribute("agentrun.run.state", run.state)
+    if outcome == "parked":
+        stretch.event("agentrun.approval_requested")
+    elif outcome == "continued":
+        stretch.event("agentrun.handed_off")
+    if outcome == "finished":
+        finished(run)
+        if capture_content() and run.output is not None:
+            span.set_attribute("gen_ai.output.messages", _messages("assistant", run.output))
+        if run.state == "failed":
+            span.set_status(Status(StatusCode.ERROR, run.error_code or "failed"))
+            span.set_attribute("error.type", run.error_code or "_OTHER")
+
+
+def finished(run: Any) -> None:
+    """A run ended (completed, failed, cancelled, timed out)."""
+    attributes = {"gen_ai.agent.name": run.agent, "agentrun.run.state": str(run.state)}
+    RUNS_FINISHED.add(1, attributes)
+    if run.created_at is not None:
+        RUN_DURATION.record(max(time.time() - run.created_at.timestamp(), 0.0), attributes)
+
+
+def settled(call: Any, policy: str) -> None:
+    """The recovery policy applied to an in-flight call a dead worker left."""
+    RECOVERIES.add(1, {"agentrun.recovery.kind": policy, "gen_ai.tool.name": call.name})
+    span = trace.get_current_span()
+    if span.is_recording():
+        span.add_event(
+            "agentrun.recovery",
+            {
+                "gen_ai.tool.call.id": call.tool_call_id,
+                "gen_ai.tool.name": call.name,
+                "agentrun.recovery.kind": policy,
+            },
+        )
+
+
+# -- a tool's execution ---------------------------------------------------------------------
+
+
+class ToolSpan:
+    """The `execute_tool` span of one handler invocation; `end` says how it ended."""
+
+    __slots__ = ("span", "call", "began", "outcome", "content")
+
+    def __init__(self, span: Any, call: Any, content: bool) -> None:
+        self.span = span
+        self.call = call
+        self.began = time.perf_counter()
+        self.outcome = "executed"
+        self.content = content
+
+    def end(self, state: str, is_error: bool, result: Any) -> None:
+        self.outcome = "cancelled" if state == "cancelled" else "executed"
+        span = self.span
+        if not span.is_recording():
+            return
+        span.set_attribute("agentrun.tool.outcome", self.outcome)
+        span.set_attribute("agentrun.tool.state", state)
+        if is_error:
+            span.set_attribute("error.type", "tool_error" if state != "cancelled" else state)
+            span.set_status(Status(StatusCode.ERROR))
+        if self.content:
+            span.set_attribute("gen_ai.tool.call.result", _json(getattr(result, "value", result)))
+
+
+@contextmanager
+def execute_tool(call: Any, side_effect: str) -> Iterator[ToolSpan]:
+    """The span around a tool handler's invocation (a child of the stretch's span)."""
+    attributes = {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": call.name,
+        "gen_ai.tool.call.id": call.tool_call_id,
+        "gen_ai.tool.type": "function",
+        "agentrun.tool.side_effect": str(side_effect),
+        "agentrun.tool.attempt": call.attempt,
+    }
+    if call.approved and call.decided_at is not None:
+        waited = (call.decided_at - call.created_at).total_seconds()
+        attributes["agentrun.approval.wait_seconds"] = max(waited, 0.0)
+    content = capture_content()
+    if content:
+        attributes["gen_ai.tool.call.arguments"] = _json(call.arguments)
+    with _tracer.start_as_current_span(
+        f"execute_tool {call.name}", kind=SpanKind.INTERNAL, attributes=attributes
+    ) as span:
+        recorded = ToolSpan(span, call, content)
+        yield recorded
+    TOOL_DURATION.record(
+        time.perf_counter() - recorded.began,
+        {"gen_ai.tool.name": call.name, "agentrun.tool.outcome": recorded.outcome},
+    )
+
+
+# -- approvals waiting (an observable gauge; the query is the host app's) -------------------
+
+
+def observe_approvals(query: Callable[[], Iterable[tuple[str, int, float]]]) -> None:
+    """Report, at each collection, the approvals waiting per agent and the oldest one's age
+    in seconds: `query()` gives (agent, count, oldest age) rows."""
+    failed: list[bool] = []
+
+    def rows() -> list[tuple[str, int, float]]:
+        try:
+            return list(query())
+        except Exception:  # noqa: BLE001 - a collection must never raise
+            if not failed:  # once per process: collections come every few seconds
+                failed.append(True)
+                logging.getLogger(__name__).warning(
+                    "Could not count the approvals waiting", exc_info=True
+                )
+            return []
+
+    def waiting(options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(n, {"gen_ai.agent.name": a}) for a, n, _ in rows()]
+
+    def age(options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(s, {"gen_ai.agent.name": a}) for a, _, s in rows()]
+
+    _meter.create_observable_gauge(
+        "agentrun.approvals.waiting",
+        callbacks=[waiting],
+        unit="{call}",
+        description="Tool calls waiting for a person, by agent.",
+    )
+    _meter.create_observable_gauge(
+        "agentrun.approvals.oldest_age",
+        callbacks=[age],
+        unit="s",
+        description="How long the oldest tool call waiting for a person has waited, by agent.",
+    )
+
+
+# -- logs ----------------------------------------------------------------------------------
+
+
+class RunLogFilter(logging.Filter):
+    """Adds `run_id`, `agent`, `turn` (the run a worker works on, None elsewhere) and, where
+    a span is current, `trace_id` and `span_id` to each record, as attributes a structured
+    formatter reads. Never replaces an attribute a record has."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        fields = _LOG.get() or {}
+        for name in ("run_id", "agent", "turn"):
+            if not hasattr(record, name):
+                setattr(record, name, fields.get(name))
+        context = trace.get_current_span().get_span_context()
+        if context.is_valid and not hasattr(record, "trace_id"):
+            record.trace_id = format(context.trace_id, "032x")
+            record.span_id = format(context.span_id, "016x")
+        return True
+
+
+LOG_FILTER = RunLogFilter()
+
+
+def install_log_filter(names: Iterable[str]) -> None:
+    """The filter on each of the app's loggers (a logger's filters are not inherited)."""
+    for name in names:
+        logger = logging.getLogger(name)
+        if LOG_FILTER not in logger.filters:
+            logger.addFilter(LOG_FILTER)
+
+
+# -- content, when the host opts in ---------------------------------------------------------
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, default=str, ensure_ascii=False)
+
+
+def _messages(role: str, content: Any) -> str:
+    """Content as the conventions' messages: a role and its parts."""
+    blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
+    parts = []
+    for block in blocks if isinstance(blocks, list) else [blocks]:
+        if isinstance(block, dict) and block.get("type") == "text":
+            parts.append({"type": "text", "content": block.get("text", "")})
+        else:
+            parts.append({"type": "json", "content": block})
+    return _json([{"role": role, "parts": parts}])

@@ -1,0 +1,165 @@
+"""Telemetry in the request's process (the SDK's in-memory exporter and metric reader): the
+client's W3C `traceparent` continued by `POST /runs/` and a conversation's `messages/`
+without any Django instrumentation, the run keeping its trace context, the runs-started
+counter, the log records' fields; and without an SDK, nothing recorded."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from django.urls import reverse
+from opentelemetry import trace
+from rest_framework.test import APIClient
+
+from django_agentrun import start_conversation, start_run, telemetry
+from django_agentrun.models import Run
+from django_agentrun.testing.telemetry import in_memory
+from tests import factories
+
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+PARENT_ID = "00f067aa0ba902b7"
+TRACEPARENT = f"00-{TRACE_ID}-{PARENT_ID}-01"
+
+
+@pytest.fixture
+def sdk():
+    exporter, reader = in_memory()
+    exporter.clear()
+    reader.collect()  # what earlier tests recorded is read out of the way
+    yield exporter, reader
+    exporter.clear()
+
+
+@pytest.fixture
+def alice(db):
+    return factories.user("alice")
+
+
+def client_of(user) -> APIClient:
+    client = APIClient()
+    client.force_authenticate(user=user)
+    return client
+
+
+def test_post_runs__continues_the_client_s_traceparent(sdk, alice, no_broker):
+    exporter, _ = sdk
+    response = client_of(alice).post(
+        reverse("agentrun:run-list"),
+        {"agent": "test-agent", "input": "Hello"},
+        format="json",
+        HTTP_TRACEPARENT=TRACEPARENT,
+        HTTP_TRACESTATE="vendor=x",
+    )
+    assert response.status_code == 201, response.content
+    (span,) = [s for s in exporter.get_finished_spans() if s.name.startswith("start_run")]
+    assert format(span.context.trace_id, "032x") == TRACE_ID
+    assert format(span.parent.span_id, "016x") == PARENT_ID
+    assert span.parent.is_remote
+    stored = Run.objects.get(pk=response.json()["id"]).trace_context
+    assert stored["traceparent"] == f"00-{TRACE_ID}-{format(span.context.span_id, '016x')}-01"
+    assert stored["tracestate"] == "vendor=x"
+
+
+def test_conversation_messages__continue_the_client_s_traceparent(sdk, alice, no_broker):
+    exporter, _ = sdk
+    conversation = start_conversation("test-agent", owner=alice)
+    response = client_of(alice).post(
+        reverse("agentrun:conversation-messages", args=[conversation.pk]),
+        {"input": "Hello"},
+        format="json",
+        HTTP_TRACEPARENT=TRACEPARENT,
+    )
+    assert response.status_code == 201, response.content
+    (span,) = [s for s in exporter.get_finished_spans() if s.name.startswith("start_run")]
+    assert format(span.context.trace_id, "032x") == TRACE_ID
+    assert span.attributes["gen_ai.conversation.id"] == str(conversation.pk)
+
+
+@pytest.mark.parametrize("header", ["", "garbage", "00-" + "0" * 32 + "-" + "0" * 16 + "-01"])
+def test_post_runs__without_a_valid_traceparent__a_trace_of_its_own(sdk, alice, no_broker, header):
+    exporter, _ = sdk
+    response = client_of(alice).post(
+        reverse("agentrun:run-list"),
+        {"agent": "test-agent", "input": "Hello"},
+        format="json",
+        HTTP_TRACEPARENT=header,
+    )
+    assert response.status_code == 201
+    (span,) = [s for s in exporter.get_finished_spans() if s.name.startswith("start_run")]
+    assert span.parent is None
+
+
+def test_start_run__inside_a_span__belongs_to_its_trace_and_counts(sdk, db, no_broker):
+    exporter, reader = sdk
+    before = started(reader)
+    with trace.get_tracer("host").start_as_current_span("task") as outer:
+        run = start_run("test-agent", "Hello")
+    (span,) = [s for s in exporter.get_finished_spans() if s.name == "start_run test-agent"]
+    assert span.context.trace_id == outer.get_span_context().trace_id
+    assert span.attributes["agentrun.run.id"] == str(run.pk)
+    assert "gen_ai.input.messages" not in span.attributes  # no content by default
+    assert started(reader) == before + 1
+
+
+def started(reader) -> int:
+    """The runs-started counter of test-agent (cumulative: this process's whole session)."""
+    points = [
+        p
+        for rm in reader.get_metrics_data().resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        if m.name == "agentrun.runs.started"
+        for p in m.data.data_points
+        if dict(p.attributes) == {"gen_ai.agent.name": "test-agent"}
+    ]
+    return sum(p.value for p in points)
+
+
+def test_log_records__carry_the_run_the_turn_and_the_trace(sdk, caplog):
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("django_agentrun.engine.driver")
+    logger.addHandler(handler)
+    try:
+        run = Run(pk="00000000-0000-0000-0000-000000000001", agent="a", config={})
+        with telemetry.invoke_agent(run, "m") as stretch:
+            telemetry.at_turn(3)
+            logger.warning("inside")
+        logger.warning("outside")
+    finally:
+        logger.removeHandler(handler)
+    inside, outside = records
+    assert (inside.run_id, inside.agent, inside.turn) == (str(run.pk), "a", 3)
+    assert inside.trace_id == format(stretch.span.get_span_context().trace_id, "032x")
+    assert (outside.run_id, outside.agent, outside.turn) == (None, None, None)
+    assert not hasattr(outside, "trace_id")
+
+
+NO_SDK = """
+import django, types
+django.setup()
+from opentelemetry import trace
+from django_agentrun import telemetry
+run = types.SimpleNamespace(pk=1, agent="a", input="secret", conversation_id=None, config={})
+assert telemetry.run_created(run) == {}
+with telemetry.invoke_agent(run, "m") as stretch:
+    assert not stretch.span.is_recording()
+    assert not trace.get_current_span().get_span_context().is_valid
+print(type(trace.get_tracer_provider()).__name__)
+"""
+
+
+def test_without_an_sdk__nothing_records_and_the_run_keeps_no_context():
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    env.pop("AGENTRUN_TELEMETRY_DIR", None)
+    done = subprocess.run(
+        [sys.executable, "-c", NO_SDK], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ProxyTracerProvider"
