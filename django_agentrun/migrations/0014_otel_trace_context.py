@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('agentrun', '0012_pooler_write_function'),
+        ("agentrun", "0013_eventrows_commit_rows"),
     ]
 
     operations = [

@@ -6,7 +6,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("agentrun", "0012_pooler_write_function"),
+        ("agentrun", "0014_otel_trace_context"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
