@@ -109,6 +109,12 @@ def close_call(
     write.record(payloads.call_result(call, kind=kind, extra=extra))
 
 
+def close_calls(write: Write, endings: list[tuple[ToolCall, CallEnding]]) -> None:
+    """Close a batch's calls with their outcomes, in one write."""
+    for call, outcome in endings:
+        close_call(write, call, outcome)
+
+
 def approve_call(
     write: Write, call: ToolCall, decided: dict[str, Any], *, by: Any, note: str, edited: Any
 ) -> None:
