@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import common  # noqa: E402
 
-SECTIONS = ["engine", "throughput", "recovery", "failpoints", "cancel", "storage"]
+SECTIONS = ["engine", "throughput", "recovery", "failpoints", "cancel", "storage", "parallel"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{' (tables emptied)' if reset else ''}; python {sys.version.split()[0]}; "
         f"{os.cpu_count()} CPUs, {_load()}"
     )
-    from bench import cancel, engine, failpoints, recovery, storage, throughput, workers
+    from bench import cancel, engine, failpoints, parallel, recovery, storage, throughput, workers
 
     modules = {
         "engine": engine,
@@ -57,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         "failpoints": failpoints,
         "cancel": cancel,
         "storage": storage,
+        "parallel": parallel,
     }
     failed: list[str] = []
     try:
