@@ -7,8 +7,9 @@ driver sends it, fires its failpoint, and asks the next phase, or stops: the run
 parked or handed off, or (a commit with no write) the lease is lost, or must run out so
 that the next claim counts a recovery. The driver sends every write but the claim's and an
 atomic tool's result (`Sent`: each commits with more). Commits per turn with k tool calls:
-k + 1 (the answer with the first call in flight, then each result with what follows it);
-a task's claim adds one.
+k + 1 at most (the answer with the first call in flight, then each result with what
+follows it; a batch of calls safe to run again goes in flight and closes in one commit
+each: execution.py); a task's claim adds one.
 """
 
 from __future__ import annotations
