@@ -157,6 +157,12 @@ def requeue_call(write: Write, call: ToolCall, policy: str) -> None:
     write.record(payloads.tool_call_recovered(call, policy))
 
 
+def requeue_calls(write: Write, calls: list[ToolCall], policy: str) -> None:
+    """`requeue_call` for each of a batch's calls, in one write."""
+    for call in calls:
+        requeue_call(write, call, policy)
+
+
 def mark_unknown(write: Write, call: ToolCall, reason: str) -> None:
     """in_flight -> unknown: a person settles it."""
     reason = storable_text(reason)

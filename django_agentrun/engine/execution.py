@@ -272,6 +272,7 @@ def settle(step: Step, turn: Turn, call: ToolCall, tool: Tool | None) -> Commit:
             step.run_id,
         )
         ctx = {"turn": turn, "call": call, "change": (decision.policy,)}
+        ctx["calls"] = _in_flight_batch(step, turn, call) if decision.policy == "rerun" else None
         return commit_of(step, write, At.POLICY, Ended.RERUN, **ctx)
     if isinstance(decision, policy.Reconciled):
         ending = CallEnding(
@@ -281,6 +282,20 @@ def settle(step: Step, turn: Turn, call: ToolCall, tool: Tool | None) -> Commit:
         return close(step, write, turn, call, ending, At.POLICY, Ended.RECONCILED, extra=extra)
     ctx = {"turn": turn, "call": call, "change": (decision.reason,)}
     return commit_of(step, write, At.POLICY, Ended.UNKNOWN, **ctx)
+
+
+def _in_flight_batch(step: Step, turn: Turn, first: ToolCall) -> list[ToolCall]:
+    """`first` and the in_flight calls after it (a batch a dead worker left) that may run
+    again and together: requeued in one commit, they go in flight again as one batch."""
+    calls, found = step.calls_of(turn), []
+    for call in calls[next(i for i, c in enumerate(calls) if c is first) :]:
+        tool = step.tool(call.name)
+        if call.state != ToolCallState.IN_FLIGHT or tool is None:
+            break
+        if not tool.runs_together(call.arguments, step.run, call.approved):
+            break
+        found.append(call)
+    return found or [first]
 
 
 def settle_only(step: Step, turn: Turn | None) -> Commit | None:

@@ -587,7 +587,9 @@ def _actions() -> dict[str, Any]:
             write, ctx["call"], ctx["ending"], extra=ctx.get("extra")
         ),
         "mark_unknown": call_change(transitions.mark_unknown),
-        "requeue_call": call_change(transitions.requeue_call),
+        "requeue_call": lambda step, write, ctx: transitions.requeue_calls(
+            write, ctx.get("calls") or [ctx["call"]], *ctx["change"]
+        ),
         "complete_turn": lambda step, write, ctx: transitions.complete_turn(write, ctx["turn"]),
         "continue_run": lambda step, write, ctx: transitions.continue_run(write, step.run),
         "hand_off": lambda step, write, ctx: transitions.hand_off(write, step.run),

@@ -164,7 +164,9 @@ def test_batch__concurrency_one_runs_each_call_alone(settings, writes):
 @pytest.mark.parametrize(
     "point", ["tool.after_batch", "tool.after_handler@save_note", "tool.before_handler@save_note"]
 )
-def test_batch__a_crash_before_its_results_commit_reruns_every_call_of_it(monkeypatch, point):
+def test_batch__a_crash_before_its_results_commit_reruns_every_call_of_it(
+    monkeypatch, point, writes
+):
     """Killed (here: raising) inside the batch: no result of it is recorded, so the next
     claim (the lease lapsed) applies the policy (re-run) to each, and runs them again; the
     calls recorded before the batch are replayed, never run again."""
@@ -186,9 +188,16 @@ def test_batch__a_crash_before_its_results_commit_reruns_every_call_of_it(monkey
     assert states == {"toolu_first": "succeeded", "toolu_a": "in_flight", "toolu_b": "in_flight"}
     monkeypatch.delenv("AGENTRUN_FAILPOINTS")
     Run.objects.filter(pk=run.pk).update(lease_owner="")  # as if the lease had lapsed
+    writes.clear()
     drive(run, client)
 
     assert run.state == "completed", (run.error_code, run.error_message)
+    # Recovery requeues the batch in one write; it goes in flight again as one batch.
+    by_state = [
+        {s: sorted(c for c, x in w if x == s) for s in ("requested", "in_flight")} for w in writes
+    ]
+    assert {"requested": ["toolu_a", "toolu_b"], "in_flight": []} in by_state
+    assert any(w["in_flight"] == ["toolu_a", "toolu_b"] for w in by_state)
     assert_projection_matches(run)
     assert [r["query"] for r in executions("lookup")] == ["first", "a", "a"]
     ran_b = len(executions("save_note"))
