@@ -14,6 +14,7 @@ call's handler is invoked, alone or in a batch."""
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import os
 import threading
@@ -162,13 +163,17 @@ def handle(step: Step, call: ToolCall, tool: Tool | None) -> CallEnding | None:
 
 def at_once(step: Step, calls: list[ToolCall]) -> list[CallEnding | None]:
     """Handle `calls` at once: the first in this thread, the others on the pool's
-    threads (each with its own database connection, closed as a request's would be).
+    threads (each with its own database connection, closed as a request's would be, and
+    this thread's context variables).
     Inside a transaction (a test's, an eager task's) they run here, one after another:
     another thread's connection would not see what that transaction wrote."""
     work = [(call, step.tool(call.name)) for call in calls]
     if connection.in_atomic_block or agentrun_settings.TOOL_CONCURRENCY < 2:
         return [handle(step, call, tool) for call, tool in work]
-    futures: list[Future] = [_pool().submit(_in_thread, step, c, t) for c, t in work[1:]]
+    # Each in a copy of this thread's context (contextvars: a trace's current span, say).
+    futures: list[Future] = [
+        _pool().submit(contextvars.copy_context().run, _in_thread, step, c, t) for c, t in work[1:]
+    ]
     try:
         first = handle(step, *work[0])
     finally:

@@ -237,3 +237,29 @@ def test_batch__a_cancel_reaches_every_handler_of_the_batch():
     assert run.state == "cancelled"
     assert set(run.tool_calls.values_list("state", flat=True)) == {"cancelled"}
     assert_projection_matches(run)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_batch__handlers_on_other_threads_see_the_callers_context_variables(monkeypatch):
+    """A handler on a pool thread runs in a copy of the worker's context (a tracer's
+    current span is a context variable)."""
+    import contextvars
+
+    from django_agentrun.engine import execution
+
+    marker = contextvars.ContextVar("marker", default="unset")
+    seen = []
+    invoke = execution.invoke
+
+    def spying(step, tool, call):
+        seen.append(marker.get())
+        return invoke(step, tool, call)
+
+    monkeypatch.setattr(execution, "invoke", spying)
+    marker.set("the worker's")
+    calls = [tool_use("lookup", {"query": q}, id=f"toolu_{q}") for q in "abc"]
+    run = start_run("test-agent", "hello")
+    drive(run, ScriptedClient([reply(*calls), reply(text("Done."))]))
+
+    assert run.state == "completed"
+    assert seen == ["the worker's"] * 3
