@@ -263,3 +263,21 @@ def test_batch__handlers_on_other_threads_see_the_callers_context_variables(monk
 
     assert run.state == "completed"
     assert seen == ["the worker's"] * 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_batch__the_heartbeat_keeps_the_lease_while_a_long_batch_runs(settings):
+    """Three calls of 2.5 s at once, a lease of 2 s: the heartbeat renews it meanwhile, so
+    the batch's results commit under the same lease (no recovery)."""
+    settings.AGENTRUN_LEASE_SECONDS = 2
+    settings.AGENTRUN_HEARTBEAT_SECONDS = 0.2
+    calls = [tool_use("slow", {"seconds": 2.5 + i / 100}, id=f"toolu_{i}") for i in range(3)]
+    run = start_run("test-agent", "hello")
+    client = ScriptedClient([reply(*calls), reply(text("Done."))])
+    outcome = advance(run.pk, client=client, heartbeat=True)
+    run.refresh_from_db()
+
+    assert outcome == Outcome.FINISHED, outcome
+    assert run.state == "completed"
+    assert (run.lease_epoch, run.recovery_attempts) == (1, 0)
+    assert {c.attempt for c in run.tool_calls.all()} == {1}
