@@ -75,6 +75,12 @@ def script(request: ModelRequest) -> tuple[list[dict[str, Any]], str]:
             return [_text("final answer")], "end_turn"
         calls = [_tool_use("lookup", {"query": f"q{step}-{i}"}, f"{run_key}:{i}") for i in range(k)]
         return [_text(f"step {step}"), *calls], "tool_use" if k else "pause_turn"
+    if scenario == "parallel":
+        if step >= 1:
+            return [_text("done")], "end_turn"
+        k, ms = int(params["k"]), int(params["ms"])
+        calls = [_tool_use("wait", {"ms": ms, "n": i}, f"{run_key}:{i}") for i in range(k)]
+        return calls, "tool_use"
     if scenario == "throughput":
         if step >= 2:
             return [_text("done")], "end_turn"

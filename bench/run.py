@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import common  # noqa: E402
 
-SECTIONS = ["engine", "throughput", "recovery", "failpoints", "cancel", "storage"]
+SECTIONS = ["engine", "throughput", "recovery", "failpoints", "cancel", "storage", "parallel"]
 # Run only when named (--only load; make bench-load): 1,000 runs take minutes.
 ON_REQUEST = ["load"]
 
@@ -53,7 +53,17 @@ def main(argv: list[str] | None = None) -> int:
         f"{' (tables emptied)' if reset else ''}; python {sys.version.split()[0]}; "
         f"{os.cpu_count()} CPUs, {_load()}"
     )
-    from bench import cancel, engine, failpoints, load, recovery, storage, throughput, workers
+    from bench import (
+        cancel,
+        engine,
+        failpoints,
+        load,
+        parallel,
+        recovery,
+        storage,
+        throughput,
+        workers,
+    )
 
     modules = {
         "engine": engine,
@@ -63,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         "cancel": cancel,
         "storage": storage,
         "load": load,
+        "parallel": parallel,
     }
     failed: list[str] = []
     try:

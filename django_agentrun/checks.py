@@ -241,6 +241,16 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
                 id="agentrun.E040",
             )
         )
+    concurrency = s.TOOL_CONCURRENCY
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        found.append(
+            checks.Error(
+                f"AGENTRUN_TOOL_CONCURRENCY ({concurrency!r}) must be a whole number, at least 1.",
+                hint="How many of a turn's tool calls run at once (the default is 8; 1 runs "
+                "them one after another).",
+                id="agentrun.E026",
+            )
+        )
     try:
         api_rule("AGENTRUN_API_START", s.API_START)
     except ConfigurationError as exc:

@@ -34,6 +34,10 @@ DEFAULTS: dict[str, Any] = {
     # seconds come first; the turns bound only fast, cheap turns).
     "TURNS_PER_TASK": 50,
     "TASK_SECONDS": 30.0,
+    # How many of one turn's tool calls run at once: the calls the model asked for together
+    # that are safe to run again (read-only, idempotent writes) run as a batch, on this many
+    # threads; 1 runs every call alone, one after another.
+    "TOOL_CONCURRENCY": 8,
     # Deprecated, no effect (0.4): the engine's write is a function installed by a migration,
     # whose plans Postgres keeps per connection, behind any pooler (check agentrun.W032).
     "PREPARED_STATEMENTS": True,

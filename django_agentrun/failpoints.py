@@ -24,6 +24,7 @@ POINTS: dict[str, str] = {
     "model.after_commit": "the answer, its tool calls (the first in flight) are committed",
     "tool.before_handler": "the call is committed in_flight, the handler has not started",
     "tool.after_handler": "the handler returned, its result is not committed",
+    "tool.after_batch": "a batch's handlers all returned, their results are not committed",
     "tool.after_commit": "the tool result (and what follows it) is committed",
     "turn.before_enqueue": "the turn is closed and committed, the next not begun nor enqueued",
 }

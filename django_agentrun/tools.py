@@ -249,6 +249,17 @@ class Tool:
         policy = self.requires_approval
         return bool(policy(arguments, run) if callable(policy) else policy)
 
+    def runs_together(self, arguments: dict[str, Any], run: Any, approved: bool) -> bool:
+        """Whether a call of this tool may run at once with the turn's other such calls (a
+        batch): it is safe to run again (read-only, or an idempotent write with its key),
+        and needs no approval."""
+        if self.side_effect not in (SideEffect.READ_ONLY, SideEffect.IDEMPOTENT_WRITE):
+            return False
+        try:
+            return approved or not self.needs_approval(arguments, run)
+        except Exception:  # noqa: BLE001 - it runs alone then, where the failure is met
+            return False
+
     def invoke(self, ctx: ToolContext, arguments: dict[str, Any]) -> Any:
         kwargs = self._python_kwargs(arguments)
         return self.func(ctx, **kwargs) if self.takes_ctx else self.func(**kwargs)
@@ -267,6 +278,27 @@ class Tool:
         # Re-validate so handlers get typed values (nested models, dates) rather than JSON.
         model = self.input_model.model_validate(arguments)
         return {name: getattr(model, name) for name in type(model).model_fields}
+
+
+def batch(
+    calls: Sequence[Any], first: Any, tool_of: Callable[[str], Tool | None], run: Any
+) -> list:
+    """`first` and the requested calls after it among `calls` (a turn's, in the model's
+    order, up to one that may not) when each may run at once with the others
+    (`Tool.runs_together`), and AGENTRUN_TOOL_CONCURRENCY allows it; else `first` alone."""
+    from .conf import agentrun_settings
+
+    together: list[Any] = []
+    for call in calls[next(i for i, c in enumerate(calls) if c is first) :]:
+        tool = tool_of(call.name)
+        if call.state != "requested" or tool is None:
+            break
+        if not tool.runs_together(call.arguments, run, call.approved):
+            break
+        together.append(call)
+    if len(together) > 1 and agentrun_settings.TOOL_CONCURRENCY > 1:
+        return together
+    return [first]
 
 
 def _takes_ctx(func: Callable[..., Any]) -> bool:

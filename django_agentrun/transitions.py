@@ -109,6 +109,12 @@ def close_call(
     write.record(payloads.call_result(call, kind=kind, extra=extra))
 
 
+def close_calls(write: Write, endings: list[tuple[ToolCall, CallEnding]]) -> None:
+    """Close a batch's calls with their outcomes, in one write."""
+    for call, outcome in endings:
+        close_call(write, call, outcome)
+
+
 def approve_call(
     write: Write, call: ToolCall, decided: dict[str, Any], *, by: Any, note: str, edited: Any
 ) -> None:
@@ -149,6 +155,12 @@ def requeue_call(write: Write, call: ToolCall, policy: str) -> None:
     old = _move(call, ToolCallState.REQUESTED)
     write.change(call, old, state=call.state)
     write.record(payloads.tool_call_recovered(call, policy))
+
+
+def requeue_calls(write: Write, calls: list[ToolCall], policy: str) -> None:
+    """`requeue_call` for each of a batch's calls, in one write."""
+    for call in calls:
+        requeue_call(write, call, policy)
 
 
 def mark_unknown(write: Write, call: ToolCall, reason: str) -> None:

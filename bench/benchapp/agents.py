@@ -51,6 +51,13 @@ def shell_sleep(ctx: ToolContext, seconds: str) -> str:
     return f"exit {result.returncode}"
 
 
+@tool(side_effect=SideEffect.READ_ONLY)
+def wait(ctx: ToolContext, ms: int, n: int) -> str:
+    """Look something up that takes `ms` milliseconds (a real lookup's latency)."""
+    ctx.abort.wait(ms / 1000)
+    return f"answer {n}"
+
+
 def _agent(name: str, tools: list, max_turns: int = 1000) -> Agent:
     return Agent(
         name=name,
@@ -69,3 +76,4 @@ FAILPOINTS = _agent("bench-failpoints", [lookup, fetch_page])
 CANCEL_STREAM = _agent("bench-cancel-stream", [])
 CANCEL_TOOL = _agent("bench-cancel-tool", [shell_sleep])
 STORAGE = _agent("bench-storage", [fetch_page])
+PARALLEL = _agent("bench-parallel", [wait])

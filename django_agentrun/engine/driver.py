@@ -7,8 +7,9 @@ driver sends it, fires its failpoint, and asks the next phase, or stops: the run
 parked or handed off, or (a commit with no write) the lease is lost, or must run out so
 that the next claim counts a recovery. The driver sends every write but the claim's and an
 atomic tool's result (`Sent`: each commits with more). Commits per turn with k tool calls:
-k + 1 (the answer with the first call in flight, then each result with what follows it);
-a task's claim adds one.
+k + 1 at most (the answer with the first call in flight, then each result with what
+follows it; a batch of calls safe to run again goes in flight and closes in one commit
+each: execution.py); a task's claim adds one.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from ..outcomes import CallEnding
 from ..states import ResultSource, RunState, ToolCallState
 from . import claim, execution, model_turn
 from .heartbeat import Heartbeat
-from .step import FOLLOWS, At, Commit, Ended, Sent, Step, Then, commit_of, interruption
+from .step import FOLLOWS, At, Commit, Ended, Sent, Step, Then, commit_of, interrupted
 
 logger = logging.getLogger(__name__)
 
@@ -197,7 +198,8 @@ def _send_again(step: Step, write: store.Write, error: DatabaseError) -> None:
 def _next(step: Step) -> tuple[Commit, Answered | None]:
     """The next phase's commit, and the model's answer it records (if it does)."""
     if step.abort.aborted or step.deadline_passed():
-        return interruption(step), None
+        ctx: dict[str, Any] = {}  # the interruption, met between two commits
+        return commit_of(step, step.write(), At.INTERRUPTED, interrupted(step, ctx), **ctx), None
     if step.settle_only:
         commit = execution.settle_only(step, step.turn)
         if commit is None:
@@ -238,52 +240,53 @@ LATE = "the tool returned after its run was stopped or recovered: its result is 
 
 
 def keep_result(step: Step, write: store.Write) -> bool:
-    """A commit holding a tool's executed result was refused (a cancel stopped the run, or
-    recovery took the lease meanwhile). The tool ran, so its result is recorded anyway on
-    the call as it is now: closing it if it is still open (in_flight, or unknown after
-    recovery: the run then goes on as after a person's decision), or in place of the
-    synthetic result a cancel gave it. False when the commit held no executed result, or
-    another live holder of the run settles the call."""
-    change = next(
-        (
-            c
-            for c in write.changed
-            if isinstance(c.obj, ToolCall)
-            and c.fields.get("result_source") == ResultSource.EXECUTED
-        ),
-        None,
-    )
-    if change is None:
+    """A commit holding tool results that ran (one call's, or a batch's) was refused (a
+    cancel stopped the run, or recovery took the lease meanwhile). The tools ran, so each
+    result is recorded anyway on its call as it is now: closing it if it is still open
+    (in_flight, or unknown after recovery: the run then goes on as after a person's
+    decision), or in place of the synthetic result a cancel gave it. False when the commit
+    held no executed result, or another live holder of the run settles its calls."""
+    changes = [
+        c
+        for c in write.changed
+        if isinstance(c.obj, ToolCall) and c.fields.get("result_source") == ResultSource.EXECUTED
+    ]
+    if not changes:
         return False
+    kept_any = False
+    with transaction.atomic():  # one write per call, in order: each sees those before it
+        for change in changes:
+            call, run = store.lock_call(change.obj.pk)  # the run's row, then the call's
+            kept = store.Write(run)
+            if _keep(kept, change, call, run):
+                store.send(kept)
+                kept_any = True
+                logger.warning("%s run_id=%s tool_call_id=%s", LATE, run.pk, call.tool_call_id)
+    return kept_any
+
+
+def _keep(kept: store.Write, change: Any, call: ToolCall, run: Run) -> bool:
+    """Record one executed result in `kept` (keep_result): whether it is kept."""
     fields = change.fields
     result = StoredResult(fields["result"], fields["result_format"])
-    with transaction.atomic():
-        call, run = store.lock_call(change.obj.pk)  # the run's row, then the call's
-        kept = store.Write(run)
-        if call.state == ToolCallState.IN_FLIGHT and run.lease_owner:
-            if run.lease_expires_at is not None and run.lease_expires_at > store.database_now():
-                return False  # its new holder settles it
-        if call.state in (ToolCallState.IN_FLIGHT, ToolCallState.UNKNOWN):
-            outcome = CallEnding(
-                change.obj.state, result, fields["is_error"], ResultSource.EXECUTED
-            )
-            transitions.close_call(kept, call, outcome, extra={"late": True})
-            transitions.after_decision(kept, run, call)
-        elif call.state == ToolCallState.CANCELLED and call.result_source == ResultSource.SYNTHETIC:
-            kept.change(
-                call,
-                call.state,
-                result=result.value,
-                result_format=result.format,
-                is_error=fields["is_error"],
-                result_source=ResultSource.EXECUTED,
-            )
-            extra = {"by": None, "note": LATE}
-            kept.record(
-                payloads.call_result(call, kind=EventType.TOOL_RESULT_REPLACED, extra=extra)
-            )
-        else:
-            return False
-        store.send(kept)
-    logger.warning("%s run_id=%s tool_call_id=%s", LATE, run.pk, call.tool_call_id)
+    if call.state == ToolCallState.IN_FLIGHT and run.lease_owner:
+        if run.lease_expires_at is not None and run.lease_expires_at > store.database_now():
+            return False  # its new holder settles it
+    if call.state in (ToolCallState.IN_FLIGHT, ToolCallState.UNKNOWN):
+        outcome = CallEnding(change.obj.state, result, fields["is_error"], ResultSource.EXECUTED)
+        transitions.close_call(kept, call, outcome, extra={"late": True})
+        transitions.after_decision(kept, run, call)
+    elif call.state == ToolCallState.CANCELLED and call.result_source == ResultSource.SYNTHETIC:
+        kept.change(
+            call,
+            call.state,
+            result=result.value,
+            result_format=result.format,
+            is_error=fields["is_error"],
+            result_source=ResultSource.EXECUTED,
+        )
+        extra = {"by": None, "note": LATE}
+        kept.record(payloads.call_result(call, kind=EventType.TOOL_RESULT_REPLACED, extra=extra))
+    else:
+        return False
     return True

@@ -3,24 +3,36 @@ apply the recovery policy to a call a dead worker left in flight, put a call in 
 run an in-flight call's handler and record how it ended (with what follows it: step.py's
 table).
 A call's result and the next call's `in_flight` share one commit: both are durable before
-that handler starts, which is all write-ahead needs."""
+that handler starts, which is all write-ahead needs.
+
+A batch: calls the model asked for together that are safe to run again (read-only,
+idempotent writes: `tools.batch`) go in flight in one commit, their handlers run at once
+(on AGENTRUN_TOOL_CONCURRENCY threads, this one included), and their results commit
+together in one write. A crash before that write re-runs them all, which their class
+allows; a result once committed is replayed, never re-run. `handle` is the one place a
+call's handler is invoked, alone or in a batch."""
 
 from __future__ import annotations
 
+import contextvars
 import logging
+import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from django.db import transaction
+from django.db import close_old_connections, connection, transaction
 from django.utils import timezone
 
 from .. import telemetry
+from ..conf import agentrun_settings
 from ..content import stored_result
 from ..exceptions import InvalidContent, ToolCancelled, ToolError
 from ..failpoints import failpoint
 from ..models import ToolCall, Turn
 from ..outcomes import CallEnding
 from ..states import TOOL_CALL_CLOSED, ResultSource, SideEffect, ToolCallState
-from ..tools import Tool, ToolContext
+from ..tools import Tool, ToolContext, batch
 from . import policy
 from .step import FOLLOWS, At, Commit, Ended, Sent, Step, commit_of
 
@@ -33,7 +45,7 @@ def next_commit(step: Step, turn: Turn) -> Commit:
         if call.state in TOOL_CALL_CLOSED:
             continue  # replay: its result is recorded
         tool = step.tool(call.name)
-        ended = _open_call(step, call, tool)
+        ended = _open_call(step, turn, call, tool)
         phase = FOLLOWS[At.OPEN_CALL, ended].carries[:1]
         if phase and phase[0] in PHASES:  # the work whose commit is next
             return PHASES[phase[0]](step, turn, call, tool)
@@ -42,15 +54,18 @@ def next_commit(step: Step, turn: Turn) -> Commit:
                 ToolCallState.ERRORED, f"Tool {call.name} is no longer available."
             )
             return close(step, step.write(), turn, call, ending, At.OPEN_CALL, Ended.TOOL_GONE)
-        return commit_of(step, step.write(), At.OPEN_CALL, ended, turn=turn, call=call, tool=tool)
+        ctx: dict[str, Any] = {"turn": turn, "call": call, "tool": tool}
+        if ended is Ended.STARTS:  # with the requested calls after it that may run with it
+            ctx["batch"] = batch(step.calls_of(turn), call, step.tool, step.run)
+        return commit_of(step, step.write(), At.OPEN_CALL, ended, **ctx)
     # Every call is closed but the turn is not (a person closed the last one): close it.
     return commit_of(step, step.write(), At.OPEN_CALL, Ended.NONE_OPEN, turn=turn)
 
 
-def _open_call(step: Step, call: ToolCall, tool: Tool | None) -> Ended:
+def _open_call(step: Step, turn: Turn, call: ToolCall, tool: Tool | None) -> Ended:
     """What the open call is: the table (step.FOLLOWS) says what its commit is."""
     if (call.turn_index, call.tool_call_id) in step.started:
-        return Ended.STARTED_HERE
+        return Ended.BATCH_STARTED if len(_started(step, turn)) > 1 else Ended.STARTED_HERE
     if step.abort.aborted or step.deadline_passed():
         return Ended.INTERRUPTED
     if call.state == ToolCallState.UNKNOWN:
@@ -87,10 +102,55 @@ def close(
 
 def run_call(step: Step, turn: Turn, call: ToolCall, tool: Tool | None) -> Commit:
     """Run an in_flight call's handler (its in_flight is durable) and record its outcome."""
+    ending = handle(step, call, tool)
+    if ending is None:  # no handler starts once a cancel (or a lost lease) is known
+        return commit_of(step, step.write(), At.HANDLER, Ended.INTERRUPTED)
+    if _stopped(ending, step):
+        # Stopped because this worker could not keep its lease, not by a cancel: its
+        # outcome is unknown. Record nothing; recovery applies the side-effect policy.
+        reason = f"Run {step.run_id}: handler stopped ({step.abort.reason})"
+        return commit_of(step, step.write(), At.HANDLER, Ended.STOPPED, reason=reason)
+    return close(step, step.write(), turn, call, ending, At.HANDLER, Ended.RESULT)
+
+
+def run_batch(step: Step, turn: Turn, call: ToolCall, tool: Tool | None) -> Commit:
+    """Run the handlers of a batch at once (their in_flight is durable, in one commit) and
+    record their outcomes together, in one write."""
+    calls = _started(step, turn)
+    endings = at_once(step, calls)
+    if step.failpoints:
+        failpoint("tool.after_batch", calls[0].name)
+    ran = [(c, e) for c, e in zip(calls, endings, strict=True) if e is not None]
+    if not ran:  # none started: a cancel (or a lost lease) was known first
+        return commit_of(step, step.write(), At.HANDLER, Ended.INTERRUPTED)
+    if any(_stopped(e, step) for _, e in ran):
+        # As for one call: record nothing (each is safe to run again, as recovery will).
+        reason = f"Run {step.run_id}: handlers stopped ({step.abort.reason})"
+        return commit_of(step, step.write(), At.HANDLER, Ended.STOPPED, reason=reason)
+    # Calls that did not start (the abort came first) stay in flight: the loop meets
+    # the interruption next, and says they never started.
+    ctx = {"turn": turn, "endings": ran}
+    return commit_of(
+        step, step.write(), At.HANDLER, Ended.RESULTS, ("tool.after_commit", calls[0].name), **ctx
+    )
+
+
+def _started(step: Step, turn: Turn) -> list[ToolCall]:
+    """The calls of `turn` this step put in flight whose handlers have not run."""
+    return [c for c in step.calls_of(turn) if (c.turn_index, c.tool_call_id) in step.started]
+
+
+def _stopped(ending: CallEnding, step: Step) -> bool:
+    return ending.state == ToolCallState.CANCELLED and not step.abort.cancel_requested
+
+
+def handle(step: Step, call: ToolCall, tool: Tool | None) -> CallEnding | None:
+    """Invoke one in_flight call's handler, with its failpoints: how it ended, or None
+    when it did not start (the abort signal fired first)."""
     if step.failpoints:
         failpoint("tool.before_handler", call.name)
-    if step.abort.aborted:  # no handler starts once a cancel (or a lost lease) is known
-        return commit_of(step, step.write(), At.HANDLER, Ended.INTERRUPTED)
+    if step.abort.aborted:
+        return None
     key = (call.turn_index, call.tool_call_id)
     step.started.discard(key)
     step.not_started.discard(key)
@@ -102,12 +162,48 @@ def run_call(step: Step, turn: Turn, call: ToolCall, tool: Tool | None) -> Commi
         ending = invoke(step, tool, call)
     if step.failpoints:
         failpoint("tool.after_handler", call.name)
-    if ending.state == ToolCallState.CANCELLED and not step.abort.cancel_requested:
-        # Stopped because this worker could not keep its lease, not by a cancel: its
-        # outcome is unknown. Record nothing; recovery applies the side-effect policy.
-        reason = f"Run {step.run_id}: handler stopped ({step.abort.reason})"
-        return commit_of(step, step.write(), At.HANDLER, Ended.STOPPED, reason=reason)
-    return close(step, step.write(), turn, call, ending, At.HANDLER, Ended.RESULT)
+    return ending
+
+
+def at_once(step: Step, calls: list[ToolCall]) -> list[CallEnding | None]:
+    """Handle `calls` at once: the first in this thread, the others on the pool's
+    threads (each with its own database connection, closed as a request's would be, and
+    this thread's context variables).
+    Inside a transaction (a test's, an eager task's) they run here, one after another:
+    another thread's connection would not see what that transaction wrote."""
+    work = [(call, step.tool(call.name)) for call in calls]
+    if connection.in_atomic_block or agentrun_settings.TOOL_CONCURRENCY < 2:
+        return [handle(step, call, tool) for call, tool in work]
+    # Each in a copy of this thread's context (contextvars: a trace's current span, say).
+    futures: list[Future] = [
+        _pool().submit(contextvars.copy_context().run, _in_thread, step, c, t) for c, t in work[1:]
+    ]
+    try:
+        first = handle(step, *work[0])
+    finally:
+        rest = [f.result() for f in futures]  # every handler ends before the write
+    return [first, *rest]
+
+
+def _in_thread(step: Step, call: ToolCall, tool: Tool | None) -> CallEnding | None:
+    close_old_connections()
+    try:
+        return handle(step, call, tool)
+    finally:
+        close_old_connections()
+
+
+_pools: dict[tuple[int, int], ThreadPoolExecutor] = {}
+_pools_lock = threading.Lock()
+
+
+def _pool() -> ThreadPoolExecutor:
+    """This process's threads for batches (a forked worker child makes its own)."""
+    key = (os.getpid(), agentrun_settings.TOOL_CONCURRENCY - 1)
+    with _pools_lock:
+        if key not in _pools:
+            _pools[key] = ThreadPoolExecutor(key[1], thread_name_prefix="agentrun-tool")
+        return _pools[key]
 
 
 def tool_context(step: Step, call: ToolCall) -> ToolContext:
@@ -211,6 +307,7 @@ def settle(step: Step, turn: Turn, call: ToolCall, tool: Tool | None) -> Commit:
             step.run_id,
         )
         ctx = {"turn": turn, "call": call, "change": (decision.policy,)}
+        ctx["calls"] = _in_flight_batch(step, turn, call) if decision.policy == "rerun" else None
         return commit_of(step, write, At.POLICY, Ended.RERUN, **ctx)
     if isinstance(decision, policy.Reconciled):
         ending = CallEnding(
@@ -220,6 +317,20 @@ def settle(step: Step, turn: Turn, call: ToolCall, tool: Tool | None) -> Commit:
         return close(step, write, turn, call, ending, At.POLICY, Ended.RECONCILED, extra=extra)
     ctx = {"turn": turn, "call": call, "change": (decision.reason,)}
     return commit_of(step, write, At.POLICY, Ended.UNKNOWN, **ctx)
+
+
+def _in_flight_batch(step: Step, turn: Turn, first: ToolCall) -> list[ToolCall]:
+    """`first` and the in_flight calls after it (a batch a dead worker left) that may run
+    again and together: requeued in one commit, they go in flight again as one batch."""
+    calls, found = step.calls_of(turn), []
+    for call in calls[next(i for i, c in enumerate(calls) if c is first) :]:
+        tool = step.tool(call.name)
+        if call.state != ToolCallState.IN_FLIGHT or tool is None:
+            break
+        if not tool.runs_together(call.arguments, step.run, call.approved):
+            break
+        found.append(call)
+    return found or [first]
 
 
 def settle_only(step: Step, turn: Turn | None) -> Commit | None:
@@ -233,4 +344,9 @@ def settle_only(step: Step, turn: Turn | None) -> Commit | None:
     return None
 
 
-PHASES = {"phase:run_call": run_call, "phase:settle": settle, "phase:run_atomic": run_atomic}
+PHASES = {
+    "phase:run_call": run_call,
+    "phase:run_batch": run_batch,
+    "phase:settle": settle,
+    "phase:run_atomic": run_atomic,
+}

@@ -32,7 +32,7 @@ from ..runconfig import RunConfig
 from ..states import TOOL_CALL_CLOSED, RunState, SideEffect, ToolCallState
 from ..store import Earlier, Lease, Write, chosen
 from ..tokens import approval_token
-from ..tools import Tool
+from ..tools import Tool, batch
 from .history import Segment, final_output, segments, structured
 
 logger = logging.getLogger(__name__)
@@ -116,8 +116,6 @@ class Step:
         self.earlier_ids: set[str] = set()  # their tool_use ids (unique in a history)
         self.earlier_version: list[tuple[Any, int]] = []  # their ids and last seqs, as read
         self.began = time.monotonic()
-
-    # -- reading -------------------------------------------------------------------------
 
     @property
     def config(self) -> RunConfig:
@@ -240,10 +238,12 @@ class Ended(Enum):
     TOOL_GONE = "tool no longer defined"
     NEEDS_APPROVAL = "needs approval"
     ATOMIC = "atomic tool"
-    STARTS = "may start"
+    STARTS = "may start (with the calls after it that may run at once with it: a batch)"
+    BATCH_STARTED = "put in flight by this step, with the others of its batch"
     NONE_OPEN = "none open"
     # a handler, the recovery policy
     RESULT = "result"
+    RESULTS = "the batch's results"
     STOPPED = "stopped without a cancel"
     RERUN = "may run again"
     RECONCILED = "reconciled: done"
@@ -295,6 +295,7 @@ FOLLOWS: dict[tuple[At, Ended], Follow] = {
     (At.ANSWER, Ended.ANSWERED): Follow(("count_turn", "complete_run"), Then.FINISH),
     # The open turn's first open call (nothing written yet).
     (At.OPEN_CALL, Ended.STARTED_HERE): Follow(("phase:run_call",), At.HANDLER),
+    (At.OPEN_CALL, Ended.BATCH_STARTED): Follow(("phase:run_batch",), At.HANDLER),
     (At.OPEN_CALL, Ended.INTERRUPTED): Follow((), At.INTERRUPTED),
     (At.OPEN_CALL, Ended.UNKNOWN): Follow(("park:unknown",), Then.PARK),
     (At.OPEN_CALL, Ended.AWAITING_APPROVAL): Follow(("park:approval",), Then.PARK),
@@ -308,6 +309,7 @@ FOLLOWS: dict[tuple[At, Ended], Follow] = {
     # cancel: its outcome unknown) nothing is recorded and recovery applies the policy.
     (At.HANDLER, Ended.INTERRUPTED): Follow((), At.INTERRUPTED),
     (At.HANDLER, Ended.RESULT): Follow(("close_call",), At.NEXT_CALL),
+    (At.HANDLER, Ended.RESULTS): Follow(("close_calls",), At.NEXT_CALL),  # in one write
     (At.HANDLER, Ended.STOPPED): Follow((), Then.EXPIRE),
     # The recovery policy for a call a dead worker left in flight (policy.py).
     (At.POLICY, Ended.RERUN): Follow(("requeue_call",), Then.GO_ON),
@@ -352,12 +354,6 @@ def commit_of(
     return Commit(write, then, failpoint)
 
 
-def interruption(step: Step) -> Commit:
-    """The abort signal fired or the deadline passed, met between two commits."""
-    ctx: dict[str, Any] = {}
-    return commit_of(step, step.write(), At.INTERRUPTED, interrupted(step, ctx), **ctx)
-
-
 def follow(step: Step, write: Write, at: At, ended: Ended, ctx: dict[str, Any]) -> Then:
     """Apply the table's rows from (`at`, `ended`) to `write` until one names what
     happens after the commit."""
@@ -394,6 +390,7 @@ def next_call(step: Step, ctx: dict[str, Any]) -> Ended:
     except Exception:  # noqa: BLE001 - the loop meets it, after this result commits
         return Ended.NOT_NOW
     ctx["call"], ctx["tool"] = following, tool
+    ctx["batch"] = batch(step.calls_of(turn), following, step.tool, step.run)
     return Ended.NEEDS_APPROVAL if needs_approval else Ended.STARTS
 
 
@@ -513,12 +510,11 @@ def _count_turn(step: Step, write: Write, ctx: dict[str, Any]) -> None:
 
 
 def _start_call(step: Step, write: Write, ctx: dict[str, Any]) -> None:
-    """The call goes in flight in `write`; its handler runs once that is durable."""
-    call = ctx["call"]
-    transitions.start_call(write, call)
-    key = (call.turn_index, call.tool_call_id)
-    step.started.add(key)
-    step.not_started.add(key)
+    """The call (or its batch) goes in flight in `write`; handlers run once that is durable."""
+    for call in ctx.get("batch") or [ctx["call"]]:
+        transitions.start_call(write, call)
+        step.started.add((call.turn_index, call.tool_call_id))
+        step.not_started.add((call.turn_index, call.tool_call_id))
 
 
 def _ask_approval(step: Step, write: Write, ctx: dict[str, Any]) -> None:
@@ -579,11 +575,14 @@ def _actions() -> dict[str, Any]:
         "ask_approval": _ask_approval,
         "park:approval": _park_for_approval,
         "park:unknown": _park_unknown,
+        "close_calls": lambda step, write, ctx: transitions.close_calls(write, ctx["endings"]),
         "close_call": lambda step, write, ctx: transitions.close_call(
             write, ctx["call"], ctx["ending"], extra=ctx.get("extra")
         ),
         "mark_unknown": call_change(transitions.mark_unknown),
-        "requeue_call": call_change(transitions.requeue_call),
+        "requeue_call": lambda step, write, ctx: transitions.requeue_calls(
+            write, ctx.get("calls") or [ctx["call"]], *ctx["change"]
+        ),
         "complete_turn": lambda step, write, ctx: transitions.complete_turn(write, ctx["turn"]),
         "continue_run": lambda step, write, ctx: transitions.continue_run(write, step.run),
         "hand_off": lambda step, write, ctx: transitions.hand_off(write, step.run),

@@ -418,9 +418,12 @@ def test_stop_reason__tool_use_then_end_turn_over_three_turns(settings, turns_pe
 
 
 @pytest.mark.parametrize("point", ["tool.before_handler", "tool.after_commit"])
-def test_projection__run_stopped_between_tool_calls_is_awaiting_tool(monkeypatch, point):
-    """Regression: running -> awaiting_tool carries run_state in its event (fixed in bb0c486)."""
+def test_projection__run_stopped_between_tool_calls_is_awaiting_tool(monkeypatch, point, settings):
+    """Regression: running -> awaiting_tool carries run_state in its event (fixed in bb0c486).
+    One call at a time (two lookups would otherwise run as one batch: test_batch.py)."""
     from django_agentrun.failpoints import FailpointError
+
+    settings.AGENTRUN_TOOL_CONCURRENCY = 1
 
     client = ScriptedClient(
         [
@@ -586,10 +589,13 @@ def _event_types(run):
     )
 
 
-def test_tools__next_call_goes_in_flight_with_the_previous_result(monkeypatch):
+def test_tools__next_call_goes_in_flight_with_the_previous_result(monkeypatch, settings):
     """Killed right after the first call's result committed: the second call is already
-    in_flight (same commit), its handler not run; a new advance re-runs it (read_only)."""
+    in_flight (same commit), its handler not run; a new advance re-runs it (read_only).
+    One call at a time (two lookups would otherwise run as one batch: test_batch.py)."""
     from django_agentrun.failpoints import FailpointError
+
+    settings.AGENTRUN_TOOL_CONCURRENCY = 1
 
     client = ScriptedClient(
         [

@@ -480,22 +480,30 @@ BUDGET = {
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("concurrency", [1, 8])
 @pytest.mark.parametrize("k", [0, 1, 4])
-def test_turn_budget__queries_and_commits(k, monkeypatch, no_broker, figures):
+def test_turn_budget__queries_and_commits(
+    k, concurrency, monkeypatch, no_broker, figures, settings
+):
+    """One call at a time (AGENTRUN_TOOL_CONCURRENCY = 1), or the k lookups as one batch."""
+    settings.AGENTRUN_TOOL_CONCURRENCY = concurrency
     replies = [_turn(1, "a"), _turn(k, "b"), _turn(k, "c"), reply(text("answer"))]
     run, outcome, (_claim, _first, *turns) = _per_turn(monkeypatch, replies)
     queries, statements, commits, lone = turns[0]  # turn 1: a turn in the middle
     figures(
-        f"[budget] turn with {k} tool calls: {queries} queries ({statements} statements), "
-        f"{commits} commits ({lone} of them single statements in autocommit)"
+        f"[budget] turn with {k} tool calls (concurrency {concurrency}): {queries} queries "
+        f"({statements} statements), {commits} commits ({lone} of them single statements in "
+        "autocommit)"
     )
     assert outcome == Outcome.FINISHED
     assert turns[1] == turns[0]  # the next one costs the same: nothing re-read per turn
     # k + 1 durable commits: the answer with the first call in flight, then each result
-    # with what follows it (the next call in flight, or the turn closed and the next begun).
-    assert commits == k + 1
+    # with what follows it (the next call in flight, or the turn closed and the next begun);
+    # as a batch, 2: the answer with every call in flight, then every result.
+    expected = k + 1 if concurrency == 1 else min(k, 1) + 1
+    assert commits == expected
     if connection.vendor == "postgresql":
-        assert queries == statements == lone == k + 1
+        assert queries == statements == lone == expected
     else:
         assert queries <= BUDGET[k]["queries"]
         assert statements <= BUDGET[k]["statements"]
@@ -506,8 +514,10 @@ def test_turn_budget__queries_and_commits(k, monkeypatch, no_broker, figures):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_turn_budget__marginal_cost_per_tool_call_is_constant(monkeypatch, no_broker):
-    """Each extra tool call costs the same (one commit: its result with what follows)."""
+def test_turn_budget__marginal_cost_per_tool_call_is_constant(monkeypatch, no_broker, settings):
+    """Each extra tool call costs the same (one commit: its result with what follows), one
+    call at a time; in a batch, no commit at all (test_turn_budget__a_batch_costs_two)."""
+    settings.AGENTRUN_TOOL_CONCURRENCY = 1
     per_k = {}
     for k in (1, 2, 4):
         _, _, costs = _per_turn(monkeypatch, [_turn(k, f"k{k}-"), reply(text("done"))])
@@ -516,6 +526,17 @@ def test_turn_budget__marginal_cost_per_tool_call_is_constant(monkeypatch, no_br
     assert per_k[4][1] - per_k[2][1] == 2 * marginal
     assert marginal <= (1 if connection.vendor == "postgresql" else 6)
     assert [per_k[k][2] for k in (1, 2, 4)] == [2, 3, 5]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_turn_budget__a_batch_costs_two_commits_whatever_its_size(monkeypatch, no_broker):
+    per_k = {}
+    for k in (1, 2, 4):
+        _, _, costs = _per_turn(monkeypatch, [_turn(k, f"k{k}-"), reply(text("done"))])
+        per_k[k] = costs[1]  # the first turn (after the claim)
+    assert [per_k[k][2] for k in (1, 2, 4)] == [2, 2, 2]
+    if connection.vendor == "postgresql":
+        assert [per_k[k][1] for k in (1, 2, 4)] == [2, 2, 2]  # one statement each
 
 
 @pytest.mark.django_db(transaction=True)

@@ -100,7 +100,8 @@ def _check(name: str, sent: tuple[str, dict]) -> None:
     assert rendered == path.read_text(), f"{path.name} changed: review it, then update it"
 
 
-def test_golden__every_write_shape_of_a_turn():
+def test_golden__every_write_shape_of_a_turn(settings):
+    settings.AGENTRUN_TOOL_CONCURRENCY = 1  # one call at a time (a batch: the test below)
     client = ScriptedClient(
         [
             reply(tool_use("lookup", {"query": "a"}), tool_use("lookup", {"query": "b"})),
@@ -128,5 +129,26 @@ def test_golden__every_write_shape_of_a_turn():
     shapes = dict(zip(names[1:], writes, strict=True))
     for name, statement in shapes.items():
         _check(name, statement)
-    expected = {p.stem for p in GOLDEN.glob("*.json")}
+    expected = {p.stem for p in GOLDEN.glob("*.json")} - set(BATCH)
     assert set(shapes) == expected  # no golden file left behind
+
+
+BATCH = [
+    "batch_answer_calls_in_flight",  # the answer with both calls in flight
+    "batch_results_turn_closed_run_goes_on",  # both results, the turn closed
+]
+
+
+def test_golden__the_write_shapes_of_a_batch():
+    client = ScriptedClient(
+        [
+            reply(tool_use("lookup", {"query": "a"}), tool_use("lookup", {"query": "b"})),
+            reply(text("done")),
+        ]
+    )
+    run = start_run("test-agent", "go")
+    sent = _writes(run, client, Outcome.FINISHED)
+    writes = [s for s in sent if s[0] == "write"]
+    assert len(writes) == 4  # the claim's, the batch's two, the final answer's
+    for name, statement in zip(BATCH, writes[1:3], strict=True):
+        _check(name, statement)
