@@ -33,9 +33,10 @@ def _log(test_log):
 def writes(monkeypatch):
     """The writes the engine sends, as the lists of (tool_call_id, new state) each changes."""
     sent: list[list[tuple[str, str]]] = []
-    send = store_module.send
+    store = type(store_module.chosen())  # the engine sends through its step's store
+    send = store.send
 
-    def counting(write):
+    def counting(self, write):
         calls = [
             (c.obj.tool_call_id, c.fields.get("state"))
             for c in write.changed
@@ -43,9 +44,9 @@ def writes(monkeypatch):
         ]
         calls += [(o.tool_call_id, o.state) for o in write.added if hasattr(o, "tool_call_id")]
         sent.append(calls)
-        return send(write)
+        return send(self, write)
 
-    monkeypatch.setattr(store_module, "send", counting)
+    monkeypatch.setattr(store, "send", counting)
     return sent
 
 
