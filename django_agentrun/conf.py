@@ -52,7 +52,7 @@ DEFAULTS: dict[str, Any] = {
     "GOVERNOR_URL": None,
     # A request the limits allow within this many seconds waits for it in the worker (the
     # pacing); a longer wait parks the run (its lease and slot given back) until then.
-    "GOVERNOR_MAX_WAIT_SECONDS": 1.0,
+    "GOVERNOR_MAX_WAIT_SECONDS": 0.25,
     # Seconds the governor's Redis keys live after their last use.
     "GOVERNOR_TTL_SECONDS": 3600,
     # The fair share: the key runs share the account's limits by. None: the run's owner;
