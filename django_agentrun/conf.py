@@ -41,7 +41,8 @@ DEFAULTS: dict[str, Any] = {
     "ANTHROPIC_MAX_RETRIES": 0,
     # Seconds before the SDK gives up on one request.
     "ANTHROPIC_TIMEOUT": 300.0,
-    # Engine-level retries of a retryable model error (429/529/5xx/connection).
+    # Engine-level retries of a retryable model error (5xx, connection); a 429 or 529 parks
+    # the run instead (the rate-limit governor; docs/how-to/rate-limits.md).
     "MODEL_RETRIES": 3,
     # Backoff bounds for those retries (seconds).
     "MODEL_RETRY_BASE_SECONDS": 1.0,
