@@ -42,6 +42,10 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 HEADER = "anthropic-ratelimit-"
+# A run told "not now" comes back after about its key's waiting requests x the keys
+# waiting x the interval between two requests, times this: its turn, if every waiting run
+# came back in order (sooner costs a claim; later leaves the limit unused).
+SPREAD = 1.0
 # Header dimension -> the governor's short name.
 DIMENSIONS = {"requests": "req", "input-tokens": "in", "output-tokens": "out"}
 
@@ -247,7 +251,7 @@ class Governor:
             float(s.GOVERNOR_MAX_WAIT_SECONDS),
             int(s.GOVERNOR_TTL_SECONDS),
             float(s.LEASE_SECONDS) + 10.0,  # a parked run comes back within this, or left
-            0.5,
+            SPREAD,
         ]
         try:
             go, wait = self._admit(keys=self._keys(scope, model), args=args)
