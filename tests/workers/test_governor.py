@@ -73,8 +73,9 @@ def test_governor__every_worker_shares_the_limit_fairly(workers, messages_api, s
     workers: every run completes, each model step answered once, every tool run once."""
     messages_api.script = SCRIPT
     messages_api.rate_limit = AccountLimit(2)
+    broker = settings.CELERY_BROKER_URL  # the governor on the broker's Redis (the default)
     for _ in range(2):
-        workers.start(pool="prefork", concurrency=2, **FAST)
+        workers.start(pool="prefork", concurrency=2, AGENTRUN_GOVERNOR_URL=broker, **FAST)
     users = get_user_model().objects
     a, b = users.create(username="gov-a"), users.create(username="gov-b")
     ids = [start_run("test-agent", f"a{i}", owner=a).pk for i in range(20)]
