@@ -291,11 +291,16 @@ bench-quick: install
 bench-load: install
 	DATABASE_URL=$(BENCH_DB_URL) $(PYTHON) bench/run.py --only load
 
+# The governor check (bench/governor.py, issue #26): 120 + 4 runs against a stand-in
+# limited to 5 requests/s, 2 workers x 2 processes (BENCH_ARGS=--quick: 40 + 4 runs).
+bench-governor: install
+	DATABASE_URL=$(BENCH_DB_URL) $(PYTHON) bench/governor.py $(BENCH_ARGS)
+
 # The side-by-side benchmark (bench/side_by_side.py): django-agentrun against DBOS and
 # LangGraph, whose packages live in a virtualenv of their own (never in $(VENV)).
 PEERS_VENV ?= bench/.venv-peers
 BENCH_DB_URL ?= postgres://postgres@127.0.0.1:5432/agentrun_bench
-.PHONY: bench-peers bench-side-by-side
+.PHONY: bench-peers bench-side-by-side bench-governor
 
 $(PEERS_VENV)/.installed: bench/peers/requirements.txt
 	test -x $(PEERS_VENV)/bin/python || python3 -m venv $(PEERS_VENV)

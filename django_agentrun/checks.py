@@ -256,6 +256,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
     except ConfigurationError as exc:
         hint = 'For example "agentrun.start_run" (the default), True or a function of the user.'
         found.append(checks.Error(str(exc), hint=hint, id="agentrun.E007"))
+    found += _governor_findings(s)
     try:
         import_string(s.MODEL_CLIENT)
     except ImportError as exc:
@@ -266,6 +267,41 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
                 id="agentrun.E003",
             )
         )
+    return found
+
+
+def _governor_findings(s: Any) -> list:
+    """The rate-limit governor's settings (docs/how-to/rate-limits.md)."""
+    found = []
+    url, wait = s.GOVERNOR_URL, s.GOVERNOR_MAX_WAIT_SECONDS
+    if url and not str(url).startswith(("redis://", "rediss://", "unix://")):
+        found.append(
+            checks.Error(
+                f"AGENTRUN_GOVERNOR_URL {url!r} is not a Redis URL.",
+                hint='Give a redis:// URL, None (the broker\'s Redis) or "" (no governor).',
+                id="agentrun.E014",
+            )
+        )
+    if not isinstance(wait, int | float) or not 0 <= wait < s.LEASE_SECONDS / 2:
+        found.append(
+            checks.Error(
+                f"AGENTRUN_GOVERNOR_MAX_WAIT_SECONDS ({wait!r}) must be a number from 0 to "
+                f"half the lease ({s.LEASE_SECONDS:g} s).",
+                hint="A longer wait parks the run instead of holding the worker (default 0.25).",
+                id="agentrun.E015",
+            )
+        )
+    if s.FAIR_SHARE_KEY:
+        try:
+            import_string(s.FAIR_SHARE_KEY)
+        except ImportError as exc:
+            found.append(
+                checks.Error(
+                    f"AGENTRUN_FAIR_SHARE_KEY {s.FAIR_SHARE_KEY!r} cannot be imported: {exc}",
+                    hint="Give the dotted path of a function (run) -> str, or None (the owner).",
+                    id="agentrun.E016",
+                )
+            )
     return found
 
 

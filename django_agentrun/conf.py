@@ -56,11 +56,26 @@ DEFAULTS: dict[str, Any] = {
     "ANTHROPIC_MAX_RETRIES": 0,
     # Seconds before the SDK gives up on one request.
     "ANTHROPIC_TIMEOUT": 300.0,
-    # Engine-level retries of a retryable model error (429/529/5xx/connection).
+    # Engine-level retries of a retryable model error (5xx, connection); a 429 or 529 parks
+    # the run instead (the rate-limit governor; docs/how-to/rate-limits.md).
     "MODEL_RETRIES": 3,
     # Backoff bounds for those retries (seconds).
     "MODEL_RETRY_BASE_SECONDS": 1.0,
     "MODEL_RETRY_MAX_SECONDS": 30.0,
+    # The rate-limit governor (clients/governor.py; docs/how-to/rate-limits.md): the Redis
+    # server every worker shares the account's limits through. None takes Celery's broker
+    # URL when it is Redis; "" turns it off (each process then sends as it likes).
+    "GOVERNOR_URL": None,
+    # A request the limits allow within this many seconds waits for it in the worker (the
+    # pacing); a longer wait parks the run (its lease and slot given back) until then.
+    "GOVERNOR_MAX_WAIT_SECONDS": 0.25,
+    # Seconds the governor's Redis keys live after their last use.
+    "GOVERNOR_TTL_SECONDS": 3600,
+    # The fair share: the key runs share the account's limits by. None: the run's owner;
+    # else a dotted path to a function (run) -> str (a tenant, say).
+    "FAIR_SHARE_KEY": None,
+    # Conversation messages (a person waits) go ahead of background runs.
+    "FAIR_SHARE_INTERACTIVE_FIRST": True,
     # Defaults for agents that do not say otherwise.
     # A current model of the table (django_agentrun/catalog/; docs/reference/models.md).
     "DEFAULT_MODEL": "claude-sonnet-5-5",

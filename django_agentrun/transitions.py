@@ -21,7 +21,7 @@ from .fields import storable_text
 from .models import Run, RunEvent, ToolCall, Turn
 from .outcomes import CallEnding, call_key
 from .states import TOOL_CALL_CLOSED, ResultSource, RunState, ToolCallState, TurnState
-from .store import Write, database_now, following_runs
+from .store import Write, database_now, following_runs, hold_released
 
 TURN_CLOSED = (TurnState.COMPLETED, TurnState.CANCELLED, TurnState.FAILED)
 
@@ -324,6 +324,17 @@ def hand_off(write: Write, run: Run) -> None:
     """Give the lease back and wake a worker for what comes next (a fresh claim)."""
     release(write)
     wake(write, run.pk)
+
+
+def hold(write: Write, run: Run, seconds: float) -> None:
+    """Rate-limited before an answer (nothing paid): the lease given back and the run
+    woken after `seconds` (a countdown), its released time pushed that far ahead so that
+    the reaper does not take the wait for a lost wake-up. No sleep in the worker's slot."""
+    release(write)
+    epoch = write.lease.epoch if write.lease is not None else None
+    if epoch is not None:
+        write.then(lambda: hold_released(run.pk, epoch, seconds))
+    write.then(lambda: wakeups.send(run.pk, countdown=seconds))
 
 
 def complete_run(write: Write, run: Run, stop_reason: str, output: Any, parsed: Any = None) -> None:

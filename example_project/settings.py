@@ -149,6 +149,8 @@ for _name in (
 ):
     if os.environ.get(f"AGENTRUN_{_name}"):
         globals()[f"AGENTRUN_{_name}"] = float(os.environ[f"AGENTRUN_{_name}"])
+if "AGENTRUN_GOVERNOR_URL" in os.environ:  # "": the rate-limit governor off
+    AGENTRUN_GOVERNOR_URL = os.environ["AGENTRUN_GOVERNOR_URL"]
 if os.environ.get("AGENTRUN_MAX_RECOVERY_ATTEMPTS"):
     AGENTRUN_MAX_RECOVERY_ATTEMPTS = int(os.environ["AGENTRUN_MAX_RECOVERY_ATTEMPTS"])
 

@@ -28,6 +28,9 @@ AGENTRUN_QUEUE = os.environ.get("AGENTRUN_QUEUE") or None
 # Live streams: off unless a test (or the processes it starts) names a Redis of its own
 # (db 13 with a random key prefix: tests/streams.py).
 AGENTRUN_STREAM_URL = os.environ.get("AGENTRUN_STREAM_URL", "")
+# The rate-limit governor: off unless a test (or the workers it starts) names its Redis
+# (tests/db/test_governor.py, tests/workers/test_governor.py).
+AGENTRUN_GOVERNOR_URL = os.environ.get("AGENTRUN_GOVERNOR_URL", "")
 AGENTRUN_STREAM_PREFIX = os.environ.get("AGENTRUN_STREAM_PREFIX", "agentrun-test:stream")
 for _name in ("STREAM_KEEPALIVE_SECONDS", "STREAM_POLL_SECONDS"):
     if os.environ.get(f"AGENTRUN_{_name}"):

@@ -9,6 +9,7 @@ from .base import (
     ModelError,
     ModelRequest,
     ModelResponse,
+    RateLimited,
     StreamAborted,
     Usage,
 )
@@ -18,6 +19,7 @@ __all__ = [
     "ModelError",
     "ModelRequest",
     "ModelResponse",
+    "RateLimited",
     "StreamAborted",
     "Usage",
     "get_model_client",

@@ -18,7 +18,16 @@ from .. import telemetry
 from ..abort import AbortSignal
 from ..conf import agentrun_settings
 from . import caching
-from .base import ModelError, ModelRequest, ModelResponse, StreamAborted, Usage, emit
+from . import governor as _governor
+from .base import (
+    ModelError,
+    ModelRequest,
+    ModelResponse,
+    RateLimited,
+    StreamAborted,
+    Usage,
+    emit,
+)
 
 __all__ = ["AnthropicModelClient"]
 
@@ -96,6 +105,8 @@ class AnthropicModelClient:
         self._timeout = timeout
         self._client: anthropic.Anthropic | None = None
         self._lock = threading.Lock()
+        # The headers of the last response this thread read (`anthropic-ratelimit-*`).
+        self._local = threading.local()
 
     def __repr__(self) -> str:  # never show the key
         return f"<AnthropicModelClient base_url={self._base_url!r}>"
@@ -133,6 +144,17 @@ class AnthropicModelClient:
             client = client.with_options(open_telemetry={**options, "traces": traces})
         return client
 
+    @property
+    def last_headers(self) -> Any:
+        """The HTTP headers of the last response (or refusal) this thread read: where the
+        account stands (`anthropic-ratelimit-*`, `retry-after`), as the API said it."""
+        return getattr(self._local, "headers", None)
+
+    def _scope(self) -> str:
+        """Whose limits these are (a hash of the key and the URL it is sent to)."""
+        client = self.client
+        return _governor.scope_of(client.api_key, str(client.base_url))
+
     def close(self) -> None:
         """Close the SDK client's connection pool (a later call builds a new one)."""
         with self._lock:
@@ -152,6 +174,21 @@ class AnthropicModelClient:
         if abort.aborted:
             raise StreamAborted(f"model call aborted before it started: {abort.reason}")
         params = self.build_params(request)
+        governor = _governor.get_governor()
+        if governor is not None:
+            scope = self._scope()
+            verdict = governor.admit(
+                scope, request.model, request.admission, _governor.estimate_input_tokens(params)
+            )
+            if not verdict.go:
+                raise RateLimited(
+                    "Not now: the account's rate limit is spent (the governor).",
+                    retryable=True,
+                    retry_after=verdict.wait,
+                )
+            if verdict.wait and abort.wait(verdict.wait):  # the pacing, bounded
+                raise StreamAborted(f"model call aborted before it started: {abort.reason}")
+        self._local.headers = None
         handle = _StreamHandle()
         remove = abort.add_callback(handle.cut)
         stream = None
@@ -161,6 +198,7 @@ class AnthropicModelClient:
         try:
             with messages.stream(**params) as stream:
                 handle.attach(stream.response)
+                self._local.headers = stream.response.headers
                 try:
                     message = self._read(stream, abort, request.on_event)
                     request_id = stream.request_id or getattr(message, "_request_id", None) or ""
@@ -175,9 +213,16 @@ class AnthropicModelClient:
             error = self._model_error(exc, stream)
             if error is exc:
                 raise
+            if isinstance(error, RateLimited) and governor is not None:
+                headers = getattr(getattr(exc, "response", None), "headers", None) or {}
+                self._local.headers = headers
+                governor.learn(scope, request.model, headers, retry_after=error.retry_after)
             raise error from exc
         finally:
             remove()
+        if governor is not None and self._local.headers is not None:
+            output = getattr(message.usage, "output_tokens", 0) or 0
+            governor.learn(scope, request.model, self._local.headers, output_tokens=output)
         return ModelResponse(
             message_id=message.id,
             content=[_block_to_param(block) for block in message.content],
@@ -269,7 +314,8 @@ class AnthropicModelClient:
                 retryable = status in (408, 429) or status >= 500
             detail = exc.api_message or exc.message
             message = f"{status} {error_type or 'error'}: {detail}"
-            return ModelError(
+            kind = RateLimited if status in (429, 529) else ModelError
+            return kind(
                 self._redact(message),
                 retryable=retryable,
                 status=status,

@@ -121,6 +121,10 @@ class ModelRequest:
     on_event: Callable[[dict[str, Any]], None] | None = field(
         default=None, compare=False, repr=False
     )
+    # Who the request is for, as the rate-limit governor shares the account's limits out
+    # (clients/governor.py): {"run": the Run} from the engine, or {"key": fair-share key,
+    # "priority": 0 first, "ticket": an id}. Not sent; None: paced without a fair share.
+    admission: dict[str, Any] | None = field(default=None, compare=False, repr=False)
 
 
 # What a client hands `ModelRequest.on_event`, one dict per delta, as the model writes:
@@ -194,6 +198,14 @@ def _rebuild_model_error(cls, message, retryable, status, retry_after, request_i
     return cls(
         message, retryable=retryable, status=status, retry_after=retry_after, request_id=request_id
     )
+
+
+class RateLimited(ModelError):
+    """The account's rate limit (429), the API's overload (529), or the rate-limit
+    governor's "not now": nothing was answered, so nothing is paid. The engine parks the
+    run until `retry_after` seconds have passed, instead of waiting in the worker's slot."""
+
+    code = "rate_limited"
 
 
 class StreamAborted(AgentRunError):

@@ -21,7 +21,7 @@ from django.db import DatabaseError
 from django.utils import timezone
 
 from .. import streams, telemetry, transitions
-from ..clients import ModelError, ModelRequest, ModelResponse, StreamAborted
+from ..clients import ModelError, ModelRequest, ModelResponse, RateLimited, StreamAborted
 from ..conf import agentrun_settings
 from ..events import payloads
 from ..failpoints import failpoint
@@ -59,6 +59,12 @@ def ask(step: Step, turn: Turn) -> Commit:
         response, retries = call_model(step, req, deltas=deltas)
     except StreamAborted:
         return commit_of(step, step.write(), At.ANSWER, Ended.STREAM_ABORTED)
+    except RateLimited as exc:
+        # Nothing answered, nothing paid: the run waits out the limit parked, not here.
+        delay = exc.retry_after or agentrun_settings.MODEL_RETRY_BASE_SECONDS
+        delay = min(delay, agentrun_settings.MODEL_RETRY_MAX_SECONDS) * (1 + random.random() / 5)
+        logger.info("Rate limited (%s), parked for %.1fs run_id=%s", exc, delay, step.run_id)
+        return commit_of(step, step.write(), At.ANSWER, Ended.RATE_LIMITED, delay=delay)
     except ModelError as exc:
         code, message = model_failure(exc)
         failed = {"code": code, "message": message[:2000], "phase": "model"}
@@ -122,6 +128,7 @@ def request(step: Step, turn: Turn) -> ModelRequest:
         stop_sequences=list(options.pop("stop_sequences", None) or ()),
         metadata=dict(config.metadata),
         options=options,
+        admission={"run": run},  # the governor's fair share reads who it is for
     )
 
 
@@ -167,6 +174,9 @@ def call_model(
         try:
             return complete(step.client.create(sent, abort=step.abort)), attempt
         except ModelError as exc:
+            if isinstance(exc, RateLimited) or exc.status in (429, 529):
+                # The account's limit or the API's overload: never waited out in the slot.
+                raise exc if isinstance(exc, RateLimited) else _rate_limited(exc) from exc
             if not exc.retryable or attempt == retries:
                 raise
             base = agentrun_settings.MODEL_RETRY_BASE_SECONDS * (2**attempt)
@@ -184,6 +194,16 @@ def call_model(
             if step.abort.wait(delay):
                 raise StreamAborted(step.abort.reason) from exc
     raise AssertionError("unreachable")
+
+
+def _rate_limited(exc: ModelError) -> RateLimited:
+    return RateLimited(
+        str(exc),
+        retryable=True,
+        status=exc.status,
+        retry_after=exc.retry_after,
+        request_id=exc.request_id,
+    )
 
 
 def complete(response: ModelResponse) -> ModelResponse:

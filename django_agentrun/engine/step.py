@@ -224,6 +224,7 @@ class Ended(Enum):
     STREAM_ABORTED = "stream aborted"
     UNUSABLE_IDS = "tool_use ids missing, duplicate or reused"
     CONTEXT_EXCEEDED = "context window exceeded"
+    RATE_LIMITED = "rate limited: nothing answered (429, 529, the governor's not now)"
     CALLS_OPEN = "calls to run"
     CALLS_CLOSED = "every call closed by a guard"
     FINAL_TURN = "no calls, final turn"
@@ -287,6 +288,8 @@ FOLLOWS: dict[tuple[At, Ended], Follow] = {
     (At.ANSWER, Ended.STREAM_ABORTED): Follow((), At.INTERRUPTED),
     (At.ANSWER, Ended.UNUSABLE_IDS): Follow(("fail_run",), Then.FINISH),
     (At.ANSWER, Ended.CONTEXT_EXCEEDED): Follow(("fail_run",), Then.FINISH),
+    # Nothing paid: the lease and the slot given back, a worker woken when the limit allows.
+    (At.ANSWER, Ended.RATE_LIMITED): Follow(("hold",), Then.HAND_OFF),
     # (The answer's write moves the run to awaiting_tool with it: transitions.answer_turn.)
     (At.ANSWER, Ended.CALLS_OPEN): Follow((), At.NEXT_CALL),
     (At.ANSWER, Ended.CALLS_CLOSED): Follow(("count_turn",), At.TURN_CLOSED),
@@ -445,15 +448,9 @@ def _stop_run(target: str) -> Any:
             _cancel_requested(step.run)
             reason = step.run.cancel_reason or reason
         turn = step.turn
-        transitions.stop_run(
-            write,
-            step.run,
-            target,
-            reason,
-            turn=turn,
-            calls=step.calls_of(turn) if turn is not None else [],
-            not_started=frozenset(step.not_started),
-        )
+        calls = step.calls_of(turn) if turn is not None else []
+        closing = {"turn": turn, "calls": calls, "not_started": frozenset(step.not_started)}
+        transitions.stop_run(write, step.run, target, reason, **closing)
 
     return stop
 
@@ -586,6 +583,7 @@ def _actions() -> dict[str, Any]:
         "complete_turn": lambda step, write, ctx: transitions.complete_turn(write, ctx["turn"]),
         "continue_run": lambda step, write, ctx: transitions.continue_run(write, step.run),
         "hand_off": lambda step, write, ctx: transitions.hand_off(write, step.run),
+        "hold": lambda step, write, ctx: transitions.hold(write, step.run, ctx["delay"]),
     }
 
 

@@ -9,6 +9,7 @@ code that sends them. No policy, no Celery.
 - leases.py: claim (with the history; a follow-up's earlier runs' too), renew, poll,
   release, let run out, take over;
 - locks.py: row locks in the one lock order, and the errors of a lost race;
+- holds.py: a released lease held back for a while (a rate limit's wait);
 - rows.py, clock.py: rows back from statements; the database's time.
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 from .backend import Store, chosen, send
 from .clock import database_now
+from .holds import hold_released
 from .leases import (
     Claimed,
     Earlier,
@@ -58,6 +60,7 @@ __all__ = [
     "earlier_version",
     "expire_lease",
     "following_runs",
+    "hold_released",
     "lock_active_runs",
     "lock_batch",
     "lock_call",

@@ -283,10 +283,12 @@ def _during_script(key: str, after: str) -> dict:
     }
 
 
-def test_interrupt__while_a_tool_runs(messages_api, claude):
+def test_interrupt__while_a_tool_runs(messages_api, claude, settings):
     """A message sent while a tool runs (here from the tool itself): the call keeps its
     result, the next one (not started) gets a cancelled result, the follow-up starts on
-    that history."""
+    that history. One call at a time (AGENTRUN_TOOL_CONCURRENCY 1): with the default, the
+    two read-only calls start together as one batch."""
+    settings.AGENTRUN_TOOL_CONCURRENCY = 1
     messages_api.script = by_message(_during_script("Do two things.", "Stop, do this."))
     conversation = start_conversation("chat")
     sent: list[Run] = []

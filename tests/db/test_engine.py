@@ -7,13 +7,16 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import time
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
-from django_agentrun import start_run
+from django_agentrun import start_run, wakeups
 from django_agentrun.clients import ModelError
 from django_agentrun.engine import Outcome, advance
-from django_agentrun.models import RunEvent
+from django_agentrun.models import Run, RunEvent
 from django_agentrun.testing import Reply, ScriptedClient, error, reply, text, tool_use
 from django_agentrun.testing.messages_api import validate_request
 from tests.conftest import assert_projection_matches, drive
@@ -497,7 +500,7 @@ def test_model_error__non_retryable_fails_the_run(settings):
 class Flaky:
     """A callable script: `failures` retryable errors, then an answer."""
 
-    def __init__(self, failures, answer=None, status=529):
+    def __init__(self, failures, answer=None, status=500):
         self.failures = failures
         self.answer = answer or reply(text("finally"))
         self.status = status
@@ -538,7 +541,7 @@ def test_model_error__retryable_scripted_error_then_next_reply(settings):
     assert_projection_matches(run)
 
 
-@pytest.mark.parametrize("status", [429, 500, 529])
+@pytest.mark.parametrize("status", [500, 503])
 def test_model_error__exhausted_retries_fail_as_unavailable(settings, status):
     settings.AGENTRUN_MODEL_RETRY_BASE_SECONDS = 0.001
     settings.AGENTRUN_MODEL_RETRIES = 2
@@ -550,6 +553,52 @@ def test_model_error__exhausted_retries_fail_as_unavailable(settings, status):
     assert run.failure_phase == "model"
     assert script.calls == 3  # the first attempt and 2 retries
     assert run.turn_count == 0
+    assert_projection_matches(run)
+
+
+@pytest.mark.parametrize("status", [429, 529])
+def test_rate_limited__parks_the_run_without_sleeping_then_goes_on(
+    settings, status, monkeypatch, django_capture_on_commit_callbacks
+):
+    """A 429 (or 529) is never waited out in the worker's slot: the step ends, nothing
+    recorded or paid, the lease given back with its time pushed to when the limit allows
+    (so the reaper does not take the wait for a lost wake-up); the next claim asks again."""
+    settings.AGENTRUN_MODEL_RETRY_BASE_SECONDS = 30  # a sleep would show
+    script = Flaky(failures=2, status=status)
+    client = ScriptedClient(script)
+    run = start_run("test-agent", "hello")
+    woken = []
+    monkeypatch.setattr(wakeups, "send", lambda run_id, countdown=None: woken.append(countdown))
+    for _ in range(2):
+        started = time.monotonic()
+        with django_capture_on_commit_callbacks(execute=True):
+            assert advance(run.pk, client=client) == Outcome.CONTINUED
+        assert time.monotonic() - started < 5
+        assert 30 <= woken[-1] <= 36  # the wake-up comes when the limit allows
+        run.refresh_from_db()
+        assert (run.state, run.lease_owner, run.turn_count) in {
+            ("running", "", 0),
+            ("queued", "", 0),
+        }
+        assert run.lease_expires_at > timezone.now() + timedelta(seconds=20)
+        assert not run.turns.exists() and run.input_tokens == 0
+    assert advance(run.pk, client=client) == Outcome.FINISHED
+    run.refresh_from_db()
+    assert run.state == "completed" and run.output["text"] == "finally"
+    assert script.calls == 3 and run.turn_count == 1 and run.output_tokens == 10
+    assert run.recovery_attempts == 0
+    assert_projection_matches(run)
+
+
+def test_rate_limited__a_run_past_its_deadline_times_out(settings):
+    settings.AGENTRUN_MODEL_RETRY_BASE_SECONDS = 0.01
+    client = ScriptedClient(Flaky(failures=10**6, status=429))
+    run = start_run("test-agent", "hello")
+    assert advance(run.pk, client=client) == Outcome.CONTINUED
+    Run.objects.filter(pk=run.pk).update(deadline=timezone.now() - timedelta(seconds=1))
+    assert advance(run.pk, client=client) == Outcome.FINISHED
+    run.refresh_from_db()
+    assert run.state == "timed_out"
     assert_projection_matches(run)
 
 
@@ -565,7 +614,7 @@ def test_model_error__in_a_later_turn_keeps_the_history_and_resumes(settings):
         if step == 0:
             return reply(tool_use("lookup", {"query": "a"}, id="toolu_hist"))
         if state["fail"]:
-            return Reply([], error=ModelError("overloaded", retryable=True, status=529))
+            return Reply([], error=ModelError("api error", retryable=True, status=500))
         return reply(text("recovered"))
 
     run, client, _ = run_with(script)

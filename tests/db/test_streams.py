@@ -290,7 +290,9 @@ def test_deltas__each_model_attempt_starts_the_turns_deltas_over(stream_redis, s
     from django_agentrun.testing import error
 
     settings.AGENTRUN_MODEL_RETRY_BASE_SECONDS = 0.01
-    model = ScriptedClient([error("overloaded"), reply(text("Hello from the second attempt."))])
+    model = ScriptedClient(
+        [error("api error", status=500), reply(text("Hello from the second attempt."))]
+    )
     run = start_run("test-agent", "hi", owner=alice)
     drive(run, model)
     assert run.state == "completed"

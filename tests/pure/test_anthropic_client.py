@@ -668,3 +668,67 @@ def test_no_api_key__a_permanent_error_that_says_where_to_set_it(
     assert "set ANTHROPIC_API_KEY in the worker's environment" in str(error)
     assert "Could not resolve" not in str(error)  # not the SDK's own wording
     assert api.requests == []  # nothing was sent
+
+
+# -- rate limits (the governor: clients/governor.py) ------------------------------------------
+
+
+class _Governor:
+    """A governor double: says `verdict`, records what it learns."""
+
+    def __init__(self, verdict: Any) -> None:
+        self.verdict = verdict
+        self.learned: list[tuple[dict[str, str], int, float | None]] = []
+
+    def admit(self, scope: str, model: str, admission: Any, input_tokens: int) -> Any:
+        assert API_KEY not in scope and input_tokens > 0
+        return self.verdict
+
+    def learn(self, scope, model, headers, *, output_tokens=0, retry_after=None) -> None:
+        ratelimit = {k: v for k, v in headers.items() if k.startswith("anthropic-ratelimit-")}
+        self.learned.append((ratelimit, output_tokens, retry_after))
+
+
+def test_rate_limit__headers_are_kept_and_learned_while_streaming(
+    api: MessagesAPIServer, client: AnthropicModelClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django_agentrun.clients import governor
+    from django_agentrun.testing.messages_api import AccountLimit
+
+    double = _Governor(governor.GO)
+    monkeypatch.setattr(governor, "get_governor", lambda: double)
+    api.rate_limit = AccountLimit(5)
+    deltas: list[dict[str, Any]] = []
+    response = call(client, request(on_event=deltas.append))
+    assert response.content == [{"type": "text", "text": "Hello there."}] and deltas
+    assert client.last_headers["anthropic-ratelimit-requests-limit"] == "300"
+    ((learned, output, retry_after),) = double.learned
+    assert learned["anthropic-ratelimit-requests-remaining"] == "4"
+    assert output == response.usage.output_tokens and retry_after is None
+
+
+def test_rate_limit__a_429_is_rate_limited_with_its_retry_after(
+    api: MessagesAPIServer, client: AnthropicModelClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django_agentrun.clients import RateLimited, governor
+    from django_agentrun.testing.messages_api import AccountLimit
+
+    double = _Governor(governor.GO)
+    monkeypatch.setattr(governor, "get_governor", lambda: double)
+    api.rate_limit = AccountLimit(0.5)
+    call(client)
+    exc = model_error(client)
+    assert isinstance(exc, RateLimited) and exc.status == 429 and exc.retry_after == 2
+    assert double.learned[-1][2] == 2
+    assert client.last_headers["retry-after"] == "2"
+
+
+def test_rate_limit__the_governors_not_now_sends_nothing(
+    api: MessagesAPIServer, client: AnthropicModelClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django_agentrun.clients import RateLimited, governor
+
+    monkeypatch.setattr(governor, "get_governor", lambda: _Governor(governor.Verdict(False, 7)))
+    exc = model_error(client)
+    assert isinstance(exc, RateLimited) and exc.retry_after == 7
+    assert api.requests == []

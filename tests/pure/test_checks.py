@@ -141,6 +141,18 @@ def test_checks__api_start_setting_of_another_kind(settings, rule, refused):
     assert ("agentrun.E007" in ids(check_settings())) is refused
 
 
+def test_checks__governor_settings(settings):
+    assert not {"agentrun.E014", "agentrun.E015", "agentrun.E016"} & ids(check_settings())
+    settings.AGENTRUN_GOVERNOR_URL = "http://limits"
+    settings.AGENTRUN_GOVERNOR_MAX_WAIT_SECONDS = 60
+    settings.AGENTRUN_FAIR_SHARE_KEY = "nowhere.tenant_of"
+    assert {"agentrun.E014", "agentrun.E015", "agentrun.E016"} <= ids(check_settings())
+    settings.AGENTRUN_GOVERNOR_URL = ""  # off
+    settings.AGENTRUN_GOVERNOR_MAX_WAIT_SECONDS = 0
+    settings.AGENTRUN_FAIR_SHARE_KEY = None
+    assert not {"agentrun.E014", "agentrun.E015", "agentrun.E016"} & ids(check_settings())
+
+
 def test_checks__cost_budget_for_a_model_without_price():
     Agent(name="unpriced", model="some-other-model", budget=Budget(max_cost_usd=1))
     try:

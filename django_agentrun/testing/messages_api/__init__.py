@@ -22,6 +22,7 @@ answers with scripted replies, as JSON or as Server-Sent Events::
 
 from __future__ import annotations
 
+from .ratelimit import AccountLimit
 from .script import (
     ERROR_TYPES,
     Reply,
@@ -46,6 +47,7 @@ from .validation import APIRequestError, validate_request
 
 __all__ = [
     "ERROR_TYPES",
+    "AccountLimit",
     "APIRequestError",
     "MessagesAPIServer",
     "Reply",

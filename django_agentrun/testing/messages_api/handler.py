@@ -235,6 +235,14 @@ class Handler(BaseHTTPRequestHandler):
         except APIRequestError as exc:
             self._send_error(exc)
             return
+        limit = getattr(api, "rate_limit", None)
+        limited: dict[str, str] = {}
+        if limit is not None:  # the account's limit (ratelimit.py), after the request is read
+            allowed, limited = limit.take()
+            if not allowed:
+                message = "This request would exceed your organization's rate limit."
+                self._send_error(APIRequestError(429, message, "rate_limit_error"), limited)
+                return
         try:
             if body["max_tokens"] == 0:
                 # max_tokens 0 fills the prompt cache and writes nothing (SDK's
@@ -263,6 +271,8 @@ class Handler(BaseHTTPRequestHandler):
             )
             return
         reply = _compacted(body, reply)
+        if limited:
+            reply = replace(reply, headers={**limited, **reply.headers})
         # Read and written by the prompt cache when the API reads the prompt: once answered.
         prompt = self.server.cache.account(body)
         if stream:

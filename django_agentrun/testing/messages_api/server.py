@@ -10,6 +10,7 @@ from typing import Any
 
 from .cache import PromptCache
 from .handler import APIHTTPServer
+from .ratelimit import AccountLimit
 from .recorder import Recorder
 from .script import Script
 
@@ -32,8 +33,11 @@ class MessagesAPIServer:
         host: str = "127.0.0.1",
         port: int = 0,
         on_request: Callable[[dict[str, Any]], None] | None = None,
+        rate_limit: AccountLimit | None = None,
     ) -> None:
         self.script = script
+        # The account's rate limit (429 with retry-after and anthropic-ratelimit-* headers).
+        self.rate_limit = rate_limit
         self.api_key = api_key
         self.host = host
         self._port = port

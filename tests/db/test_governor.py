@@ -1,0 +1,106 @@
+"""The rate-limit governor (clients/governor.py) against a real Redis: limits learned from
+the headers, pacing, "not now", the fair share and priorities."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+
+from django_agentrun.clients import governor as gov
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+HEADERS = {
+    "anthropic-ratelimit-requests-limit": "300",  # 5 a second
+    "anthropic-ratelimit-requests-remaining": "299",
+    "anthropic-ratelimit-requests-reset": "2030-01-01T00:00:00Z",
+}
+
+
+@pytest.fixture
+def governor(settings):
+    import redis
+
+    url = os.environ.get("AGENTRUN_TEST_BROKER_URL") or "redis://127.0.0.1:6379/9"
+    try:
+        redis.Redis.from_url(url, socket_connect_timeout=1).ping()
+    except redis.RedisError:
+        pytest.skip("no Redis")
+    settings.AGENTRUN_GOVERNOR_MAX_WAIT_SECONDS = 0.5
+    settings.AGENTRUN_LEASE_SECONDS = 3
+    g = gov.Governor(url, prefix=f"agentrun:test-gov:{uuid.uuid4().hex}")
+    yield g
+    for key in g._redis.scan_iter(f"{g.prefix}:*"):
+        g._redis.delete(key)
+
+
+def ask(g, key="a", ticket=None, priority=1):
+    admission = {"key": key, "ticket": ticket or uuid.uuid4().hex, "priority": priority}
+    return g.admit("scope", "m", admission, 10)
+
+
+def test_read_headers__rates_and_a_spent_dimension():
+    fields, blocked = gov.read_headers(HEADERS)
+    assert fields == {"req_rate": 5.0, "req_burst": 5.0}
+    assert blocked == 0
+    spent = {**HEADERS, "anthropic-ratelimit-requests-remaining": "0"}
+    _, blocked = gov.read_headers(spent, now=1893456000 - 2.5)  # 2030-01-01 minus 2.5 s
+    assert blocked == pytest.approx(2.5)
+
+
+def test_scope__hashes_the_key():
+    scope = gov.scope_of("sk-ant-secret", "https://api.anthropic.com")
+    assert "secret" not in scope and len(scope) == 24
+    assert scope != gov.scope_of("sk-ant-other", "https://api.anthropic.com")
+
+
+def test_admit__nothing_learned_goes(governor):
+    assert all(ask(governor).go for _ in range(50))
+
+
+def test_admit__paces_then_says_not_now(governor):
+    governor.learn("scope", "m", HEADERS)
+    verdicts = [ask(governor) for _ in range(12)]
+    went = [v for v in verdicts if v.go]
+    # A second's burst at once, then what the pacing bound allows, then "not now".
+    assert [v.wait for v in went[:5]] == [0.0] * 5
+    assert 7 <= len(went) <= 8
+    assert all(0 < v.wait <= 0.5 for v in went[5:])
+    refused = [v for v in verdicts if not v.go]
+    assert refused and all(v.wait >= 0.2 for v in refused)
+
+
+def test_learn__retry_after_blocks_everyone(governor):
+    governor.learn("scope", "m", HEADERS, retry_after=5)
+    verdict = ask(governor)
+    assert not verdict.go and 4 < verdict.wait <= 5.5
+
+
+def test_fair_share__a_waiting_key_with_fewer_grants_goes_first(governor):
+    governor.learn("scope", "m", HEADERS)
+    for _ in range(20):  # key a: its burst, then waiting runs
+        ask(governor, "a")
+    b = ask(governor, "b", ticket="b1")
+    assert not b.go  # the limit is spent for now: b waits too, but with fewer grants
+    # While b waits, a's requests wait behind it whatever the limit says.
+    governor._redis.delete(f"{governor.prefix}:scope:m:tat")
+    assert not ask(governor, "a").go
+    assert ask(governor, "b", ticket="b1").go  # b comes back: its turn
+    assert ask(governor, "a").go  # b no longer waits
+
+
+def test_priority__interactive_waits_ahead_of_background(governor):
+    governor.learn("scope", "m", HEADERS)
+    for _ in range(10):
+        ask(governor, "a", priority=1)
+    assert not ask(governor, "c", ticket="c1", priority=0).go
+    governor._redis.delete(f"{governor.prefix}:scope:m:tat")
+    assert not ask(governor, "z", priority=1).go  # a priority-0 request waits
+    assert ask(governor, "c", ticket="c1", priority=0).go
+
+
+def test_unreachable_redis__fails_open(settings):
+    g = gov.Governor("redis://127.0.0.1:1/0")
+    assert ask(g).go
