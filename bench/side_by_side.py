@@ -1,6 +1,6 @@
 """Side by side: the same agent workload on django-agentrun, DBOS and LangGraph.
 
-    python bench/side_by_side.py [--quick] [--rounds N] [--json PATH]
+    python bench/side_by_side.py [--quick] [--rounds N] [--json PATH] [--telemetry]
 
 The workload (bench/peers/workload.py): a zero-latency scripted model; each turn is one
 model step and k no-op tool steps, every step durable. django-agentrun runs in this
@@ -933,7 +933,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="4 rounds, fewer runs per round")
     parser.add_argument("--rounds", type=int, help="rounds (default 20; 4 with --quick)")
     parser.add_argument("--json", type=Path, help="write every round's figures to this file")
+    parser.add_argument(
+        "--telemetry",
+        action="store_true",
+        help="django-agentrun with an OpenTelemetry SDK installed (spans and metrics to no-op "
+        "exporters, as bench/telemetry.py installs it): compare its paired ratios with a run "
+        "without",
+    )
     args = parser.parse_args(argv)
+    if args.telemetry:
+        from bench.telemetry import install_sdk
+
+        install_sdk()
     plan = Plan(rounds=args.rounds or (4 if args.quick else 20), reps=1, stored=2)
     if not args.quick:
         plan.reps, plan.stored = 3, 3
@@ -967,7 +978,8 @@ def main(argv: list[str] | None = None) -> int:
             f"side by side ({'quick' if args.quick else 'full'}): {plan.rounds} rounds on Postgres "
             f"{pg_version} (synchronous_commit={sync}, autovacuum={autovacuum}); databases "
             + ", ".join(f"{LABELS[s]}: {systems[s].db.name}" for s in ("agentrun", *PEERS))
-            + f"; {os.cpu_count()} CPUs, {_load()}",
+            + f"; {os.cpu_count()} CPUs, {_load()}"
+            + ("; telemetry on (SDK, no-op exporters)" if args.telemetry else ""),
             flush=True,
         )
         bench = Bench(plan, systems, wal)
