@@ -22,7 +22,8 @@ from tests import factories, overview_seed
 
 # The rows are written directly (tests/overview_seed.py), as a year of history would be
 # loaded, without events: there is nothing for the projection check to rebuild.
-pytestmark = [pytest.mark.django_db, pytest.mark.no_projection_check]
+# The overview's queries are the ORM's own: the same on any driver and binding.
+pytestmark = [pytest.mark.django_db, pytest.mark.no_projection_check, pytest.mark.one_driver]
 
 OVERVIEW = reverse("admin:agentrun_run_overview")
 RUNS = reverse("admin:agentrun_run_changelist")

@@ -10,7 +10,8 @@ import pytest
 
 from django_agentrun.clients import governor as gov
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+# The governor lives in Redis: the same on any Postgres driver and binding.
+pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"), pytest.mark.one_driver]
 
 HEADERS = {
     "anthropic-ratelimit-requests-limit": "300",  # 5 a second

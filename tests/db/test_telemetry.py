@@ -17,6 +17,9 @@ from django_agentrun.models import Run
 from django_agentrun.testing.telemetry import in_memory
 from tests import factories
 
+# Spans and metrics through the API: the same on any Postgres driver and binding.
+pytestmark = pytest.mark.one_driver
+
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
 TRACEPARENT = f"00-{TRACE_ID}-{PARENT_ID}-01"
