@@ -105,6 +105,7 @@ class LiveStream:
             yield raw.decode().rstrip("\n")
 
     def close(self) -> None:
+        self.response.close()  # it holds the socket after a read-to-close response
         self.conn.close()
 
 

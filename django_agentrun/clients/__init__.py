@@ -41,4 +41,10 @@ def get_model_client() -> ModelClient:
 
 
 def reset_model_client_cache() -> None:
+    """Forget the cached clients, closing those that can be (their connection pools)."""
+    clients = list(_cache.values())
     _cache.clear()
+    for client in clients:
+        close = getattr(client, "close", None)
+        if callable(close):
+            close()

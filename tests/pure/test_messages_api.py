@@ -58,12 +58,18 @@ def post(
     path: str = "/v1/messages",
 ) -> tuple[int, dict[str, str], bytes]:
     conn = http.client.HTTPConnection("127.0.0.1", api.port, timeout=5)
+    response = None
     try:
         raw = data if isinstance(data, bytes) else json.dumps(data).encode()
         conn.request("POST", path, body=raw, headers=HEADERS if headers is None else headers)
         response = conn.getresponse()
         return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
     finally:
+        # The response owns the socket once it is read to a close (the connection only
+        # marks it closed): left to the garbage collector after an IncompleteRead, the
+        # socket could be finalized before its file and warn in whatever test runs then.
+        if response is not None:
+            response.close()
         conn.close()
 
 

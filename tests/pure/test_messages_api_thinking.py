@@ -131,8 +131,15 @@ def api() -> Iterator[MessagesAPIServer]:
         yield server
 
 
-def test_sdk__a_streamed_thinking_block_goes_back_and_a_changed_prompt_gets_the_apis_400(api):
-    client = anthropic.Anthropic(base_url=api.base_url, api_key="test", max_retries=0)
+@pytest.fixture
+def client(api):
+    with anthropic.Anthropic(base_url=api.base_url, api_key="test", max_retries=0) as client:
+        yield client
+
+
+def test_sdk__a_streamed_thinking_block_goes_back_and_a_changed_prompt_gets_the_apis_400(
+    api, client
+):
     asked = [{"role": "user", "content": "Otters?"}]
     with client.messages.stream(
         model="claude-sonnet-4-5", max_tokens=64, system="A", messages=asked

@@ -52,8 +52,11 @@ def api() -> Iterator[MessagesAPIServer]:
 
 
 @pytest.fixture
-def sdk(api: MessagesAPIServer) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=api.base_url, api_key="k", max_retries=0)
+def sdk(api: MessagesAPIServer) -> Iterator[anthropic.Anthropic]:
+    # Closed here: an SDK client is freed only by the cycle collector (its resources point
+    # back at it), which may finalize a pooled socket first and warn in a later test.
+    with anthropic.Anthropic(base_url=api.base_url, api_key="k", max_retries=0) as client:
+        yield client
 
 
 # --------------------------------------------------------------------------- the stand-in
