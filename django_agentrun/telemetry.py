@@ -345,9 +345,14 @@ def answered(run: Any, turn: Any, model: str, seconds: float, cost: Any = None) 
         )
 
 
-def model_retry(status: int | None, model: str) -> None:
-    """A retryable model error, retried by the engine."""
-    MODEL_RETRIES.add(1, {"http.response.status_code": status or 0, "gen_ai.request.model": model})
+def model_retry(status: int | None, model: str, *, parked: bool = False) -> None:
+    """A retryable model error, retried by the engine: after a pause in the worker's slot,
+    or (`parked`: a 429, a 529 or the governor's "not now", without a status) by parking
+    the run until the limit allows."""
+    attributes: dict[str, Any] = {"gen_ai.request.model": model, "agentrun.retry.parked": parked}
+    if status:
+        attributes["http.response.status_code"] = status
+    MODEL_RETRIES.add(1, attributes)
 
 
 def stretch_ended(stretch: Stretch, outcome: str, turns: Iterable[Any]) -> None:
@@ -368,7 +373,6 @@ def stretch_ended(stretch: Stretch, outcome: str, turns: Iterable[Any]) -> None:
     elif outcome == "continued":
         stretch.event("agentrun.handed_off")
     if outcome == "finished":
-        finished(run)
         if capture_content() and run.output is not None:
             span.set_attribute("gen_ai.output.messages", _messages("assistant", run.output))
         if run.state == "failed":
@@ -376,9 +380,11 @@ def stretch_ended(stretch: Stretch, outcome: str, turns: Iterable[Any]) -> None:
             span.set_attribute("error.type", run.error_code or "_OTHER")
 
 
-def finished(run: Any) -> None:
-    """A run ended (completed, failed, cancelled, timed out)."""
-    attributes = {"gen_ai.agent.name": run.agent, "agentrun.run.state": str(run.state)}
+def finished(run: Any, state: str) -> None:
+    """A run ended in `state` (completed, failed, cancelled, timed out), whoever ended it (a
+    worker, a person, the reaper): called once, after the commit of the write that ended it
+    (transitions.py)."""
+    attributes = {"gen_ai.agent.name": run.agent, "agentrun.run.state": str(state)}
     RUNS_FINISHED.add(1, attributes)
     if run.created_at is not None:
         RUN_DURATION.record(max(time.time() - run.created_at.timestamp(), 0.0), attributes)

@@ -42,8 +42,11 @@ def signal_after(write: Write, signal: Any, **kwargs: Any) -> None:
 
 
 def _ended(write: Write, run: Run) -> None:
-    """After the commit: run_finished, and the next queued run of its conversation woken."""
-    signal_after(write, signals.run_finished, run=run, state=run.state)
+    """After the commit: run_finished, counted (telemetry), and the next queued run of its
+    conversation woken."""
+    state = run.state
+    signal_after(write, signals.run_finished, run=run, state=state)
+    write.then(lambda: telemetry.finished(run, state))
     if run.conversation_id is not None:
         write.then(lambda: [wakeups.send(pk) for pk in following_runs(run)])
 

@@ -175,7 +175,9 @@ def call_model(
             return complete(step.client.create(sent, abort=step.abort)), attempt
         except ModelError as exc:
             if isinstance(exc, RateLimited) or exc.status in (429, 529):
-                # The account's limit or the API's overload: never waited out in the slot.
+                # The account's limit or the API's overload: never waited out in the slot,
+                # the run is parked and asks again later (a retry all the same).
+                telemetry.model_retry(exc.status, req.model, parked=True)
                 raise exc if isinstance(exc, RateLimited) else _rate_limited(exc) from exc
             if not exc.retryable or attempt == retries:
                 raise

@@ -250,8 +250,6 @@ def cancel_run(run: Run | Any, *, by: Any = None, reason: str = "") -> Run:
             store.send(write)
     applied = run.state == RunState.CANCELLED
     telemetry.cancel_requested(run, applied)
-    if applied:
-        telemetry.finished(run)
     logger.info("Cancel requested run_id=%s state=%s", run.pk, run.state)
     return run
 

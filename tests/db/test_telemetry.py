@@ -166,3 +166,80 @@ def test_without_an_sdk__nothing_records_and_the_run_keeps_no_context():
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ProxyTracerProvider"
+
+
+def counted(reader, name: str, **attributes) -> int:
+    """A counter's value over the data points whose attributes include `attributes`."""
+    return sum(
+        p.value
+        for rm in reader.get_metrics_data().resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        if m.name == name
+        for p in m.data.data_points
+        if attributes.items() <= dict(p.attributes).items()
+    )
+
+
+def test_runs_finished__whoever_ends_the_run_counts_it_once(
+    sdk, db, no_broker, django_capture_on_commit_callbacks
+):
+    """The reaper timing out a run, a person cancelling one, a worker completing one: each
+    counted once, after its commit, with the state it ended in."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from django_agentrun import cancel_run
+    from django_agentrun.recovery import reap
+    from django_agentrun.testing import ScriptedClient, reply, text
+    from tests.conftest import drive
+
+    _, reader = sdk
+
+    def finished(state: str) -> int:
+        return counted(
+            reader,
+            "agentrun.runs.finished",
+            **{"gen_ai.agent.name": "test-agent", "agentrun.run.state": state},
+        )
+
+    before = {s: finished(s) for s in ("timed_out", "cancelled", "completed")}
+    with django_capture_on_commit_callbacks(execute=True):
+        late = start_run("test-agent", "go", deadline=timezone.now() - timedelta(seconds=1))
+        cancelled = start_run("test-agent", "never mind")
+        done = start_run("test-agent", "hi")
+    with django_capture_on_commit_callbacks(execute=True):
+        reap()
+    with django_capture_on_commit_callbacks(execute=True):
+        cancel_run(cancelled, reason="not needed")
+    with django_capture_on_commit_callbacks(execute=True):
+        drive(done, ScriptedClient([reply(text("hello"))]))
+    for run, state in ((late, "timed_out"), (cancelled, "cancelled"), (done, "completed")):
+        run.refresh_from_db()
+        assert run.state == state
+        assert finished(state) == before[state] + 1, state
+
+
+def test_model_retries__a_rate_limit_park_counts_as_a_retry(sdk, db, no_broker, settings):
+    """A 429 parks the run (it asks again later, outside the slot): a retry of the model
+    request all the same, marked as parked."""
+    from django_agentrun.clients import ModelError
+    from django_agentrun.engine import Outcome, advance
+    from django_agentrun.testing import Reply, ScriptedClient
+
+    _, reader = sdk
+    settings.AGENTRUN_MODEL_RETRY_BASE_SECONDS = 0.001
+
+    def parked() -> int:
+        return counted(
+            reader,
+            "agentrun.model.retries",
+            **{"agentrun.retry.parked": True, "http.response.status_code": 429},
+        )
+
+    before = parked()
+    limited = Reply([], error=ModelError("rate limited", retryable=True, status=429))
+    run = start_run("test-agent", "hello")
+    assert advance(run.pk, client=ScriptedClient([limited])) == Outcome.CONTINUED
+    assert parked() == before + 1
