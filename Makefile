@@ -26,8 +26,11 @@ VENV_DJANGO6 ?= .venv-django6
 # Each lane has a Postgres database of its own (PG_URL, PG_URL_WORKERS): their test
 # databases never meet. The worker lane's output is in artifacts/lane-workers.log, printed
 # when both lanes are done. `make test SERIAL=1`: one lane, every stage in turn.
-TEST_STAGES = lint checks docs test-sqlite test-postgres test-postgres-ssb test-postgres-psycopg2 \
-	test-django6
+# test-postgres is not one of them: test-django6 runs its tiers on Postgres (psycopg 3),
+# under Django 6, and test-postgres-ssb and -psycopg2 run them under Django 5.2 (less what is
+# the same on any driver: one_driver, run under 5.2 on SQLite); the worker lane runs the
+# engine on 5.2 and psycopg 3 with real processes.
+TEST_STAGES = lint checks docs test-sqlite test-postgres-ssb test-postgres-psycopg2 test-django6
 WORKER_STAGES = test-workers test-workers-psycopg2 test-pgbouncer test-django-pool test-node \
 	test-browser test-browser-django6 test-release
 PG_URL_WORKERS ?= $(PG_URL)_workers
@@ -206,10 +209,11 @@ chromium:
 	    || echo "Chromium could not be installed: the browser tests will be skipped"; \
 	}
 
-# The newest Django 6.x pip resolves, on Python 3.12: the pure and db tiers on Postgres,
-# and the admin in the browser (its layout moved in 6.1). What is cut, and why it is still
+# The newest Django 6.x pip resolves, on Python 3.12: the pure, db and postgres tiers on
+# Postgres (psycopg 3; under `make test`, in place of test-postgres), and the admin in the
+# browser (its layout moved in 6.1). What is cut, and why it is still
 # covered: the db tier on SQLite under Django 6 (what differs between SQLite and Postgres is
-# the store's two implementations, run on Django 5 by test-sqlite and test-postgres; what
+# the store's two implementations, run on Django 5 by test-sqlite and the driver runs; what
 # differs on Django 6 is Django's API, which the db tier meets the same way on either
 # database), and the chat page's browser tests under Django 6 (the example project's own
 # page and script against the API: the API under Django 6 is the db tier's, the page's
@@ -224,7 +228,8 @@ $(VENV_DJANGO6)/.installed: pyproject.toml
 test-django6:
 	flock $(VENV_DJANGO6).lock $(MAKE) --no-print-directory $(VENV_DJANGO6)/.installed \
 	  || { cat artifacts/prebuild-django6.log 2>/dev/null; exit 1; }
-	DATABASE_URL=$(PG_URL) $(VENV_DJANGO6)/bin/python -m pytest tests/pure tests/db -q $(XDIST)
+	DATABASE_URL=$(PG_URL) $(VENV_DJANGO6)/bin/python -m pytest tests/pure tests/db tests/postgres \
+	  -q $(XDIST)
 
 # The admin in the browser on that Django 6.x (skipped, saying so, without Chromium).
 test-browser-django6: chromium

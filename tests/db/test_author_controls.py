@@ -21,7 +21,9 @@ from django_agentrun.models import Conversation, Run
 from tests import factories
 from tests.conftest import assert_api_error
 
-pytestmark = pytest.mark.django_db
+# What the run asks the model (the request's rules), not how its rows are stored: the same on
+# any Postgres driver and binding (the store's statements run in the other modules).
+pytestmark = [pytest.mark.django_db, pytest.mark.one_driver]
 
 RUNS = reverse("agentrun:run-list")
 CONVERSATIONS = reverse("agentrun:conversation-list")

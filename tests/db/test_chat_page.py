@@ -10,7 +10,9 @@ from django.core.management import CommandError, call_command
 
 from tests import factories
 
-pytestmark = pytest.mark.django_db
+# What the run asks the model (the request's rules), not how its rows are stored: the same on
+# any Postgres driver and binding (the store's statements run in the other modules).
+pytestmark = [pytest.mark.django_db, pytest.mark.one_driver]
 
 
 def test_chat_page__asks_for_a_login_then_serves_the_page(client):

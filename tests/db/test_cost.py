@@ -16,7 +16,9 @@ from django_agentrun.models import RunEvent
 from django_agentrun.testing import drive
 from django_agentrun.testing.messages_api import Reply, by_step, text, tool_use
 
-pytestmark = [pytest.mark.django_db, pytest.mark.timeout(60)]
+# What the run asks the model (the request's rules), not how its rows are stored: the same on
+# any Postgres driver and binding (the store's statements run in the other modules).
+pytestmark = [pytest.mark.django_db, pytest.mark.timeout(60), pytest.mark.one_driver]
 
 
 def current_models() -> list[str]:

@@ -22,7 +22,9 @@ for _sample in python_samples():
     if _sample.runs:
         RUNNABLE[_sample.page].append(_sample)
 
-pytestmark = pytest.mark.timeout(60)
+# What the run asks the model (the request's rules), not how its rows are stored: the same on
+# any Postgres driver and binding (the store's statements run in the other modules).
+pytestmark = [pytest.mark.timeout(60), pytest.mark.one_driver]
 
 
 @pytest.fixture

@@ -16,7 +16,9 @@ from django_agentrun.testing.messages_api import Reply, by_step, text, tool_use
 from tests.conftest import assert_projection_matches, drive
 from tests.testapp.agents import executions
 
-pytestmark = pytest.mark.django_db
+# What the run asks the model (the request's rules), not how its rows are stored: the same on
+# any Postgres driver and binding (the store's statements run in the other modules).
+pytestmark = [pytest.mark.django_db, pytest.mark.one_driver]
 
 
 @pytest.fixture

@@ -23,6 +23,10 @@ from django_agentrun.testing import ScriptedClient, reply, text, tool_use
 from tests.conftest import drive
 from tests.mediafiles import b64, gif, jpeg, pdf, png, webp
 
+# What the run asks the model (the request's rules), not how its rows are stored: the same on
+# any Postgres driver and binding (the store's statements run in the other modules).
+pytestmark = pytest.mark.one_driver
+
 
 @pytest.mark.parametrize(
     "make, size",

@@ -12,6 +12,10 @@ from django_agentrun.testing import ScriptedClient, reply, text, tool_use
 from tests.conftest import drive
 from tests.testapp.agents import lookup
 
+# What the run asks the model (the request's rules), not how its rows are stored: the same on
+# any Postgres driver and binding (the store's statements run in the other modules).
+pytestmark = pytest.mark.one_driver
+
 Agent(name="repeat-window-4", model="claude-sonnet-4-5", tools=[lookup], repeat_window=4)
 Agent(name="repeat-window-5", model="claude-sonnet-4-5", tools=[lookup], repeat_window=5)
 Agent(name="repeat-default", model="claude-sonnet-4-5", tools=[lookup])

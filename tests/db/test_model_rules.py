@@ -22,7 +22,9 @@ from django_agentrun.testing.messages_api import Reply, by_step, text
 from tests import factories
 from tests.conftest import assert_api_error
 
-pytestmark = pytest.mark.django_db
+# What the run asks the model (the request's rules), not how its rows are stored: the same on
+# any Postgres driver and binding (the store's statements run in the other modules).
+pytestmark = [pytest.mark.django_db, pytest.mark.one_driver]
 
 SONNET = "claude-sonnet-5-5"
 # What Sonnet 5.5 refuses (What's new in Claude Sonnet 5.5): between_tools above high.

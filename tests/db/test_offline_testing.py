@@ -23,7 +23,9 @@ from django_agentrun.testing.messages_api import Reply, by_step, load_script, te
 # Module-level steps for the `module:attribute` form of load_script.
 STEPS = ["From a module."]
 
-pytestmark = pytest.mark.timeout(30)
+# What the run asks the model (the request's rules), not how its rows are stored: the same on
+# any Postgres driver and binding (the store's statements run in the other modules).
+pytestmark = [pytest.mark.timeout(30), pytest.mark.one_driver]
 
 
 def ask(base_url: str, messages: list[dict]) -> anthropic.types.Message:

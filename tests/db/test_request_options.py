@@ -26,7 +26,9 @@ from tests import factories
 from tests.conftest import assert_api_error, drive
 from tests.factories import ELSEWHERE, by_message, expire
 
-pytestmark = pytest.mark.django_db
+# What the run asks the model (the request's rules), not how its rows are stored: the same on
+# any Postgres driver and binding (the store's statements run in the other modules).
+pytestmark = [pytest.mark.django_db, pytest.mark.one_driver]
 
 CURRENT = "claude-sonnet-5-5"  # a current model: adaptive thinking, effort, format
 LEGACY = "claude-sonnet-4-5"  # no effort, no adaptive thinking

@@ -27,7 +27,9 @@ from django_agentrun.testing.messages_api import (
 from tests.conftest import drive
 from tests.testapp.agents import lookup, save_note
 
-pytestmark = pytest.mark.timeout(60)
+# What the run asks the model (the request's rules), not how its rows are stored: the same on
+# any Postgres driver and binding (the store's statements run in the other modules).
+pytestmark = [pytest.mark.timeout(60), pytest.mark.one_driver]
 
 
 @pytest.fixture
