@@ -129,38 +129,25 @@ def test_crash_at__every_failpoint(point, workers, messages_api, settings):
     assert run.turn_count == 3
 
 
-def with_thinking(answers: list[Reply]) -> list[Reply]:
-    """The same turns, each opening with a thinking block (signed by the stand-in)."""
-    return [
-        Reply(
-            [{"type": "thinking", "thinking": f"Step {i}."}, *r.content], stop_reason=r.stop_reason
-        )
-        for i, r in enumerate(answers)
-    ]
-
-
+# With thinking on, the default model's matrix is test_crash_at__every_failpoint__
+# thinking_and_server_tool's (the researcher: claude-sonnet-5-5, adaptive thinking, and a
+# server tool and a cached prefix besides).
 @pytest.mark.parametrize("point", sorted(POINTS))
-@pytest.mark.parametrize("agent", ["default-model", "default-thinking"])
-def test_crash_at__every_failpoint__default_model(agent, point, workers, messages_api, settings):
-    """The matrix on the default model (claude-sonnet-5-5) with its default options, and
-    with thinking on: every request the workers send after a crash is one the stand-in (the
-    API's rules for that model: options, thinking bound to model and prefix) accepts."""
+def test_crash_at__every_failpoint__default_model(point, workers, messages_api, settings):
+    """The matrix on the default model (claude-sonnet-5-5) with its default options: every
+    request the workers send after a crash is one the stand-in (the API's rules for that
+    model: its options, what its defaults leave out) accepts."""
     settings.AGENTRUN_LEASE_SECONDS = 2
-    answers = replies() if agent == "default-model" else with_thinking(replies())
-    messages_api.script = by_step(answers)
-    run = crash_then_finish(workers, point, lambda: start_run(agent, "Tell Ann her order shipped."))
+    messages_api.script = by_step(replies())
+    run = crash_then_finish(
+        workers, point, lambda: start_run("default-model", "Tell Ann her order shipped.")
+    )
 
     assert run.state == "completed", (run.state, run.error_code, run.error_message, workers.logs())
     assert_projection_matches(run)
     assert not messages_api.script_errors
     assert all(r["status"] == 200 for r in messages_api.requests), messages_api.requests
     assert {b["model"] for b in messages_api.bodies} == {"claude-sonnet-5-5"}
-    if agent == "default-thinking":
-        last = messages_api.bodies[-1]["messages"]
-        assert [m["content"][0]["type"] for m in last if m["role"] == "assistant"] == [
-            "thinking",
-            "thinking",
-        ]
     steps = messages_api.steps()
     assert set(steps) == {0, 1, 2}
     twice = {s for s, n in steps.items() if n > 1}
