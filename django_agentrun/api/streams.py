@@ -316,6 +316,9 @@ class _Following:
         self.last_output = self.loop.time()
         self.next_poll = 0.0
         self.need_db = False  # the entries ask for a read of the database first
+        # The newest commit a nudge announced: until the events up to it are sent, the
+        # deltas that came after the nudge wait (they belong to a later answer).
+        self.nudged: reads.Cursor = cursor
         self.held: list[Any] = []  # the entries to send after that read
         self.ended = False
 
@@ -330,6 +333,9 @@ class _Following:
                 self.answered[at[0]] = turn
             yield from self.fmt.event(event, self.source.cursor_text(at))
             self.last_output = self.loop.time()
+        if not snapshot.more:
+            # Every commit nudged before this read is in it: nothing is awaited any more.
+            self.nudged = self.cursor
         if snapshot.resting and self.cursor >= snapshot.last:
             yield from self.fmt.close(snapshot.state, self.source.cursor_text(self.cursor))
             self.ended = True
@@ -340,16 +346,35 @@ class _Following:
     def live(self, entries: list[Any]) -> Iterator[str]:
         """The deltas among `entries` (read from Redis) of answers not yet committed, of the
         runs the stream has reached. A commit's nudge past the cursor asks for a read of
-        the database (`need_db`); so does a later run's delta, held back once (`held`)."""
+        the database (`need_db`), and the deltas after it wait for that read (`held`): they
+        follow the commit (the next turn's answer), so the client gets that commit's events
+        first, as they happened. A later run's delta is held back once, for a read too."""
         self.need_db, self.held = False, []
         for entry_id, item in entries:
             position = item.get("position", 0)
             if item.get("kind") == "commit":
-                self.need_db = self.need_db or (position, item.get("seq", 0)) > self.cursor
+                at = (position, item.get("seq", 0))
+                if at > self.cursor:
+                    self.need_db = True
+                    self.nudged = max(self.nudged, at)
+                continue
+            if self.nudged > self.cursor:
+                self.held.append((entry_id, item))
+                self.need_db = True
                 continue
             turn = item.get("turn")
-            if not isinstance(turn, int) or turn <= self.answered.get(position, -1):
+            answered = self.answered.get(position, -1)
+            if not isinstance(turn, int) or turn <= answered:
                 continue  # an answer already committed: its record was (or will be) sent
+            if turn > answered + 1 and entry_id not in self.once:
+                # A turn starts after the answer before it is committed: that answer's
+                # events are not sent yet (the deltas were caught up from Redis after the
+                # database was read). Read them first, then these (once: a run's history
+                # may start past turn 0).
+                self.once.add(entry_id)
+                self.held.append((entry_id, item))
+                self.need_db = True
+                continue
             if position > self.frontier and entry_id not in self.once:
                 # A later run writes: the run before it has ended since the last read. Read
                 # its last events first, then these (once: a run cannot write out of turn).
