@@ -249,7 +249,7 @@ async def _follow(
     """Each round: the durable events read (the first snapshot, then whatever a nudge or
     the timer asks for), the live deltas that came, the stream's bounds, then a read of
     the database or a wait for what comes next."""
-    follow = _Following(fmt, source, cursor, snapshot, deltas, lease)
+    follow = Following(fmt, source, cursor, snapshot, deltas, lease)
     while True:
         if snapshot is not None:
             for chunk in follow.events(snapshot):
@@ -291,7 +291,7 @@ async def _follow(
             return
 
 
-class _Following:
+class Following:
     """What a stream has sent (the cursor: the last durable event; each run's last answered
     turn; the turns whose deltas it sent) and when it reads the database next."""
 

@@ -9,17 +9,17 @@ import json
 from types import SimpleNamespace
 
 from django_agentrun.api.stream_reads import Snapshot
-from django_agentrun.api.streams import _Following
+from django_agentrun.api.streams import Following
 from django_agentrun.api.ui_messages import UIMessageFormat
 
 RUN = "7bdecbbf-bfee-4ee2-bba3-7131ed9d200d"
 
 
-def following(answered: dict[int, int], cursor=(0, 2)) -> _Following:
+def following(answered: dict[int, int], cursor=(0, 2)) -> Following:
     first = Snapshot(state="running", resting=False, last=cursor, answered=answered)
     source = SimpleNamespace(cursor_text=lambda at: f"{at[0]}-{at[1]}", key="k")
     lease = SimpleNamespace()
-    return _Following(UIMessageFormat(RUN), source, cursor, first, None, lease)
+    return Following(UIMessageFormat(RUN), source, cursor, first, None, lease)
 
 
 def deltas_of(turn: int) -> list[tuple[str, dict]]:
