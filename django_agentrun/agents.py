@@ -81,6 +81,7 @@ class Agent:
         context: Callable[[], str] | None = None,
         api_start: bool | str | Callable[[Any], bool] | None = None,
         client_options: Iterable[str] = (),
+        fair_share_key: Callable[[Any], Any] | None = None,
         register: bool = True,
     ) -> None:
         if not name:
@@ -132,6 +133,13 @@ class Agent:
         if context is not None and not callable(context):
             raise ConfigurationError(f"Agent {name}: context must be a callable returning text")
         self.context = context
+        # Whose share of the account's rate limit a run's requests spend (the governor):
+        # fair_share_key(run), e.g. its tenant; before AGENTRUN_FAIR_SHARE_KEY and the owner.
+        if fair_share_key is not None and not callable(fair_share_key):
+            raise ConfigurationError(
+                f"Agent {name}: fair_share_key must be a callable taking the run"
+            )
+        self.fair_share_key = fair_share_key
         # What API clients may do with it (access.py): start it, set these run options.
         self.api_start = api_rule(f"Agent {name}", api_start)
         self.client_options = option_names(f"Agent {name}", client_options, RUN_OPTIONS)

@@ -200,8 +200,9 @@ def estimate_input_tokens(params: dict[str, Any]) -> int:
 
 
 def share_of(admission: dict[str, Any]) -> tuple[str, int, str]:
-    """(fair-share key, priority: 0 first, ticket) of a request. For a run: its owner, or
-    what AGENTRUN_FAIR_SHARE_KEY's function says; a conversation's message first unless
+    """(fair-share key, priority: 0 first, ticket) of a request. For a run: the key its
+    agent's `fair_share_key` named (in `admission`), else what AGENTRUN_FAIR_SHARE_KEY's
+    function says, else its owner; a conversation's message first unless
     AGENTRUN_FAIR_SHARE_INTERACTIVE_FIRST is off."""
     from django.utils.module_loading import import_string
 
@@ -214,7 +215,9 @@ def share_of(admission: dict[str, Any]) -> tuple[str, int, str]:
         ticket = admission.get("ticket") or random.random()
     else:
         path = s.FAIR_SHARE_KEY
-        key = import_string(path)(run) if path else f"owner:{run.owner_id or '-'}"
+        key = admission.get("key")
+        if not key:
+            key = import_string(path)(run) if path else f"owner:{run.owner_id or '-'}"
         interactive = run.conversation_id is not None and s.FAIR_SHARE_INTERACTIVE_FIRST
         priority, ticket = (0 if interactive else 1), run.pk
     return str(key).replace("|", "/"), priority, str(ticket)

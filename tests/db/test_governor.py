@@ -105,3 +105,50 @@ def test_priority__interactive_waits_ahead_of_background(governor):
 def test_unreachable_redis__fails_open(settings):
     g = gov.Governor("redis://127.0.0.1:1/0")
     assert ask(g).go
+
+
+@pytest.mark.django_db
+def test_fair_share_key__the_agent_names_it_before_the_host_and_the_owner(settings, caplog):
+    """An Agent's fair_share_key(run) is the key its runs' requests share the limit under;
+    without one, AGENTRUN_FAIR_SHARE_KEY's function, then the owner. A key function that
+    fails is logged and the next key is used: the run goes on."""
+    from django_agentrun import start_run
+    from django_agentrun.agents import Agent, unregister_agent
+    from django_agentrun.exceptions import ConfigurationError
+    from django_agentrun.testing import ScriptedClient, reply, text
+    from tests import factories
+    from tests.conftest import drive
+
+    ann = factories.user("ann")
+    tenants = {"tenant": "acme"}
+    Agent("by-tenant", model="claude-sonnet-4-5", fair_share_key=lambda run: run.metadata["tenant"])
+    Agent("by-nothing", model="claude-sonnet-4-5", fair_share_key=lambda run: run.metadata["x"])
+    with pytest.raises(ConfigurationError, match="fair_share_key must be a callable"):
+        Agent("bad", fair_share_key="acme", register=False)
+    try:
+        shared = {}
+        for agent in ("by-tenant", "by-nothing", "test-agent"):
+            client = ScriptedClient([reply(text("ok"))])
+            run = start_run(agent, "hi", owner=ann, metadata=tenants)
+            drive(run, client)
+            run.refresh_from_db()
+            assert run.state == "completed", (agent, run.error_message)
+            shared[agent] = gov.share_of(client.requests[0].admission)[0]
+        assert shared == {
+            "by-tenant": "acme",
+            "by-nothing": f"owner:{ann.pk}",
+            "test-agent": f"owner:{ann.pk}",
+        }
+        assert "fair_share_key of agent by-nothing failed" in caplog.text
+        settings.AGENTRUN_FAIR_SHARE_KEY = "tests.testapp.agents.tenant_of"
+        run = start_run("test-agent", "hi", owner=ann, metadata=tenants)
+        client = ScriptedClient([reply(text("ok"))])
+        drive(run, client)
+        assert gov.share_of(client.requests[0].admission)[0] == "host:acme"
+        run = start_run("by-tenant", "hi", owner=ann, metadata={"tenant": "umbrella"})
+        client = ScriptedClient([reply(text("ok"))])
+        drive(run, client)
+        assert gov.share_of(client.requests[0].admission)[0] == "umbrella"  # the agent's first
+    finally:
+        unregister_agent("by-tenant")
+        unregister_agent("by-nothing")

@@ -297,3 +297,8 @@ def pay_during(ctx: ToolContext, name: str) -> str:
 
 
 Agent(name="late-payments", model="claude-sonnet-4-5", tools=[pay_during], max_turns=4)
+
+
+def tenant_of(run):
+    """A host's AGENTRUN_FAIR_SHARE_KEY (tests/db/test_governor.py)."""
+    return f"host:{run.metadata.get('tenant', '-')}"
