@@ -16,11 +16,11 @@ VENV_DJANGO6 ?= .venv-django6
 # `make test` runs two lanes at once, each its stages in turn, timed (the first stage of a
 # lane that fails stops that lane; `make test` fails if either lane did):
 # - TEST_STAGES, the CPU lane, at nice 10: lint, checks, the tiers without worker processes
-#   on two pytest-xdist processes each, Django 6.x's tiers;
-# - WORKER_STAGES, at nice -5 (where it may: root; else at 0): the tiers with real worker
-#   processes, servers and browsers, one test at a time, and the release check (a fresh
+#   on two pytest-xdist processes each, Django 6.x's tiers, and the release check (a fresh
 #   project with its worker, from the built archives; last, so that its build has finished
-#   in the background). They mostly wait (leases, polls, a
+#   in the background, and here because this lane ends first);
+# - WORKER_STAGES, at nice -5 (where it may: root; else at 0): the tiers with real worker
+#   processes, servers and browsers, one test at a time. They mostly wait (leases, polls, a
 #   browser); when they need the CPU they get it first (a 2 s lease's renewal has half a
 #   second to reach the database), so their timings hold while the other lane runs.
 # Each lane has a Postgres database of its own (PG_URL, PG_URL_WORKERS): their test
@@ -30,9 +30,10 @@ VENV_DJANGO6 ?= .venv-django6
 # under Django 6, and test-postgres-ssb and -psycopg2 run them under Django 5.2 (less what is
 # the same on any driver: one_driver, run under 5.2 on SQLite); the worker lane runs the
 # engine on 5.2 and psycopg 3 with real processes.
-TEST_STAGES = lint checks docs test-sqlite test-postgres-ssb test-postgres-psycopg2 test-django6
+TEST_STAGES = lint checks docs test-sqlite test-postgres-ssb test-postgres-psycopg2 test-django6 \
+	test-release
 WORKER_STAGES = test-workers test-workers-psycopg2 test-pgbouncer test-django-pool test-node \
-	test-browser test-browser-django6 test-release
+	test-browser test-browser-django6
 PG_URL_WORKERS ?= $(PG_URL)_workers
 # The browser tier's Chromium: Debian's package (Playwright's own download cannot be used here).
 CHROMIUM ?= /usr/bin/chromium
