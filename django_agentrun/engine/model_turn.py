@@ -72,6 +72,13 @@ def ask(step: Step, turn: Turn) -> Commit:
     except DatabaseError:
         raise
     except Exception as exc:  # noqa: BLE001 - deterministic: the same request fails again
+        stopping = _stopping(exc)
+        if stopping is not None:
+            # The process is being stopped (a pool child terminated by Celery after its
+            # broker connection was lost raises SystemExit wherever it is; pydantic-core
+            # wraps it in a SchemaError when it lands in the SDK's lazy model build): not
+            # the request's fault. Stop; the run is recovered from its lease.
+            raise stopping from exc
         # The request could not be built or sent (a value the SDK cannot encode, a client
         # bug): recovering would only repeat it, so the run fails at once, saying so.
         logger.exception("Model request failed run_id=%s", step.run_id)
@@ -84,6 +91,21 @@ def ask(step: Step, turn: Turn) -> Commit:
         # What its thinking blocks are bound to, to know later whether they still hold.
         turn.prefix = prefix_hash(req.model, req.system, req.tools, req.messages)
     return record(step, turn, response, retries)
+
+
+def _stopping(exc: BaseException) -> BaseException | None:
+    """The SystemExit or KeyboardInterrupt behind `exc` (its causes and contexts, or named
+    in the message of an exception that wrapped it without chaining it), or None."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, (SystemExit, KeyboardInterrupt)):
+            return current
+        current = current.__cause__ or current.__context__
+    if type(exc).__name__ == "SchemaError" and "SystemExit" in str(exc):
+        return SystemExit(1)
+    return None
 
 
 def request(step: Step, turn: Turn) -> ModelRequest:

@@ -294,3 +294,32 @@ def echo_bytes() -> dict:
 
 
 Agent(name="edges-bytes", model="claude-sonnet-4-5", tools=[echo_bytes])
+
+
+@pytest.mark.parametrize("wrapped", ["chained", "named"])
+def test_model_call__a_process_being_stopped_is_no_failure_of_the_run(wrapped):
+    """A pool child that Celery terminates raises SystemExit wherever it is; pydantic-core
+    wraps it in a SchemaError (naming it) when it lands in the SDK's lazy model build. The
+    step stops with the process; the run is not failed (its lease brings it back)."""
+    from django_agentrun.engine import advance
+    from django_agentrun.models import Run
+    from django_agentrun.testing import Reply, ScriptedClient
+
+    class SchemaError(Exception):
+        pass
+
+    if wrapped == "chained":
+        try:
+            try:
+                raise SystemExit(-241)
+            except SystemExit as stop:
+                raise RuntimeError("building a serializer failed") from stop
+        except RuntimeError as exc:
+            error = exc
+    else:
+        error = SchemaError("Error building `literal` serializer:\n  SystemExit: -241")
+    run = start_run("test-agent", "hi")
+    with pytest.raises(SystemExit):
+        advance(run.pk, client=ScriptedClient([Reply([], error=error)]))
+    run = Run.objects.get(pk=run.pk)
+    assert run.state == "running" and not run.error_code
