@@ -11,6 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
+from django.utils.module_loading import import_string
 
 from .access import api_rule, option_names
 from .agent_options import (
@@ -30,6 +31,8 @@ logger = logging.getLogger(__name__)
 
 _registry: dict[str, Agent] = {}
 
+SHARE_KEY_LENGTH = 200  # Run.share_key's max_length: a longer key is cut
+
 
 @dataclass(frozen=True)
 class Budget:
@@ -47,7 +50,12 @@ class Budget:
 
 
 class Agent:
-    """A named agent: model, system prompt, tools and limits. Registered by name on creation."""
+    """A named agent: model, system prompt, tools and limits. Registered by name on creation.
+
+    Among its options: `fair_share_key`, a function of a run naming the key its requests
+    share the account's rate limit under (named once, when the run is created), and
+    `max_concurrent_runs`, at most this many of its runs worked at once across every worker
+    (docs/how-to/rate-limits.md)."""
 
     def __init__(
         self,
@@ -82,6 +90,7 @@ class Agent:
         api_start: bool | str | Callable[[Any], bool] | None = None,
         client_options: Iterable[str] = (),
         fair_share_key: Callable[[Any], Any] | None = None,
+        max_concurrent_runs: int | None = None,
         register: bool = True,
     ) -> None:
         if not name:
@@ -140,6 +149,17 @@ class Agent:
                 f"Agent {name}: fair_share_key must be a callable taking the run"
             )
         self.fair_share_key = fair_share_key
+        # At most this many of its runs worked at once (holding a lease), across workers.
+        if max_concurrent_runs is not None and (
+            isinstance(max_concurrent_runs, bool)
+            or not isinstance(max_concurrent_runs, int)
+            or max_concurrent_runs < 1
+        ):
+            raise ConfigurationError(
+                f"Agent {name}: max_concurrent_runs must be a whole number of at least 1 "
+                f"(or None), not {max_concurrent_runs!r}"
+            )
+        self.max_concurrent_runs = max_concurrent_runs
         # What API clients may do with it (access.py): start it, set these run options.
         self.api_start = api_rule(f"Agent {name}", api_start)
         self.client_options = option_names(f"Agent {name}", client_options, RUN_OPTIONS)
@@ -248,6 +268,35 @@ def owner_user_id(owner: Any) -> str | None:
     return hmac.new(key.digest(), str(pk).encode(), hashlib.sha256).hexdigest()[:32]
 
 
+def share_key(run: Any) -> str:
+    """The fair-share key of a new run: what its agent's `fair_share_key(run)` names, else
+    what AGENTRUN_FAIR_SHARE_KEY's function names, else its owner ("owner:<pk>"). A key
+    function that raises (or names nothing) is logged and the next is asked: a run never
+    fails for its share's name. Named once, when the run is created (Run.share_key)."""
+    agent = _registry.get(run.agent)
+    found = agent.fair_share_key if agent is not None else None
+    if found is not None:
+        key = _named_key(found, run, f"fair_share_key of agent {run.agent}")
+        if key:
+            return key
+    path = agentrun_settings.FAIR_SHARE_KEY
+    if path:
+        key = _named_key(import_string(path), run, f"AGENTRUN_FAIR_SHARE_KEY {path}")
+        if key:
+            return key
+    return f"owner:{run.owner_id or '-'}"
+
+
+def _named_key(function: Callable[[Any], Any], run: Any, what: str) -> str | None:
+    try:
+        key = function(run)
+    except Exception:  # noqa: BLE001 - the host's function: fall back, say so
+        logger.warning("%s failed; the next key is used run_id=%s", what, run.pk, exc_info=True)
+        return None
+    key = "" if key is None else str(key)
+    return key[:SHARE_KEY_LENGTH] or None
+
+
 def get_agent(name: str) -> Agent:
     try:
         return _registry[name]
@@ -255,6 +304,11 @@ def get_agent(name: str) -> Agent:
         raise UnknownAgent(
             f"No agent named {name!r}. Define Agent(name={name!r}, ...) in an installed app's agents.py."
         ) from None
+
+
+def capped_agents() -> bool:
+    """Whether some agent caps its runs worked at once (max_concurrent_runs)."""
+    return any(agent.max_concurrent_runs for agent in _registry.values())
 
 
 def registered_agents() -> dict[str, Agent]:

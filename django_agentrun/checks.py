@@ -302,6 +302,24 @@ def _governor_findings(s: Any) -> list:
                     id="agentrun.E016",
                 )
             )
+    cap, retry = s.MAX_RUNS_PER_KEY, s.CAPPED_RETRY_SECONDS
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+        found.append(
+            checks.Error(
+                f"AGENTRUN_MAX_RUNS_PER_KEY ({cap!r}) must be a whole number of at least 1.",
+                hint="None: no cap (the default).",
+                id="agentrun.E017",
+            )
+        )
+    if isinstance(retry, bool) or not isinstance(retry, int | float) or not 0 < retry <= 300:
+        found.append(
+            checks.Error(
+                f"AGENTRUN_CAPPED_RETRY_SECONDS ({retry!r}) must be a number of seconds from "
+                "0 (excluded) to 300.",
+                hint="How long a run over a cap waits before it asks again (default 2).",
+                id="agentrun.E018",
+            )
+        )
     return found
 
 

@@ -76,6 +76,12 @@ DEFAULTS: dict[str, Any] = {
     "FAIR_SHARE_KEY": None,
     # Conversation messages (a person waits) go ahead of background runs.
     "FAIR_SHARE_INTERACTIVE_FIRST": True,
+    # At most this many runs of one fair-share key worked at once (holding a lease), across
+    # every worker; None: no cap. An Agent's max_concurrent_runs caps its runs likewise.
+    "MAX_RUNS_PER_KEY": None,
+    # A run over a cap waits this many seconds (with jitter) before it asks again, unless a
+    # run of its key or agent ends its stretch first and wakes it.
+    "CAPPED_RETRY_SECONDS": 2.0,
     # Defaults for agents that do not say otherwise.
     # A current model of the table (django_agentrun/catalog/; docs/reference/models.md).
     "DEFAULT_MODEL": "claude-sonnet-5-5",

@@ -14,6 +14,7 @@ from django.utils import timezone
 from django_fsm import TransitionNotAllowed
 
 from . import signals, telemetry, wakeups
+from .agents import share_key
 from .content import StoredResult
 from .events import EventType, payloads
 from .exceptions import InvalidTransition
@@ -474,6 +475,8 @@ def create_run(
     commit."""
     # The run's first span, in the trace of the caller; the run keeps its context.
     run.trace_context = telemetry.run_created(run)
+    if not run.share_key:
+        run.share_key = share_key(run)  # its share of the rate limit, and of a cap
     events = [payloads.run_created(run, run.owner, forked_by=forked_by), *history]
     run.last_seq = len(events)
     run.save(force_insert=True)

@@ -32,9 +32,12 @@ AGENTRUN_STREAM_URL = os.environ.get("AGENTRUN_STREAM_URL", "")
 # (tests/db/test_governor.py, tests/workers/test_governor.py).
 AGENTRUN_GOVERNOR_URL = os.environ.get("AGENTRUN_GOVERNOR_URL", "")
 AGENTRUN_STREAM_PREFIX = os.environ.get("AGENTRUN_STREAM_PREFIX", "agentrun-test:stream")
-for _name in ("STREAM_KEEPALIVE_SECONDS", "STREAM_POLL_SECONDS"):
+for _name in ("STREAM_KEEPALIVE_SECONDS", "STREAM_POLL_SECONDS", "CAPPED_RETRY_SECONDS"):
     if os.environ.get(f"AGENTRUN_{_name}"):
         globals()[f"AGENTRUN_{_name}"] = float(os.environ[f"AGENTRUN_{_name}"])
+# A cap on the runs of one fair-share key worked at once (tests/workers/test_governor.py).
+if os.environ.get("AGENTRUN_MAX_RUNS_PER_KEY"):
+    AGENTRUN_MAX_RUNS_PER_KEY = int(os.environ["AGENTRUN_MAX_RUNS_PER_KEY"])
 # The tests' users start every test agent through the API (the default asks for the
 # agentrun.start_run permission: tests/db/test_author_controls.py checks it).
 AGENTRUN_API_START = True

@@ -200,8 +200,8 @@ def estimate_input_tokens(params: dict[str, Any]) -> int:
 
 
 def share_of(admission: dict[str, Any]) -> tuple[str, int, str]:
-    """(fair-share key, priority: 0 first, ticket) of a request. For a run: the key its
-    agent's `fair_share_key` named (in `admission`), else what AGENTRUN_FAIR_SHARE_KEY's
+    """(fair-share key, priority: 0 first, ticket) of a request. For a run: the key it was
+    created with (in `admission`: Run.share_key), else what AGENTRUN_FAIR_SHARE_KEY's
     function says, else its owner; a conversation's message first unless
     AGENTRUN_FAIR_SHARE_INTERACTIVE_FIRST is off."""
     from django.utils.module_loading import import_string

@@ -10,7 +10,7 @@ import logging
 from django.db import transaction
 
 from .. import children, store, transitions
-from ..agents import get_agent
+from ..agents import capped_agents, get_agent, registered_agents
 from ..conf import agentrun_settings
 from ..events import payloads
 from ..exceptions import UnknownAgent
@@ -30,6 +30,9 @@ def claim(step: Step) -> Commit | None:
     decided (a Commit whose write is sent already), or None: someone else holds the run,
     or there is nothing to advance."""
     with transaction.atomic():
+        step.capped = _over_cap(step)
+        if step.capped is not None:
+            return None
         claimed = store.claim(step.run_id, step.owner, steal_from=step.steal_from)
         if claimed is None:
             claimed = _from_dead_holder(step)
@@ -46,6 +49,33 @@ def claim(step: Step) -> Commit | None:
     if step.failpoints:
         failpoint("claim.after_commit")
     return commit
+
+
+def caps_of(agent: str, share_key: str) -> list[store.Share]:
+    """The caps a run of `agent` with `share_key` is worked under: its agent's
+    max_concurrent_runs, AGENTRUN_MAX_RUNS_PER_KEY for its key (a run made before keys
+    were kept has none)."""
+    shares: list[store.Share] = []
+    found = registered_agents().get(agent)
+    if found is not None and found.max_concurrent_runs:
+        shares.append(("agent", agent, found.max_concurrent_runs))
+    per_key = agentrun_settings.MAX_RUNS_PER_KEY
+    if per_key and share_key:
+        shares.append(("share_key", share_key, per_key))
+    return shares
+
+
+def _over_cap(step: Step) -> store.Share | None:
+    """The cap this claim would exceed, or None: nothing is counted unless some cap is set,
+    and never for the reaper's recovery or a take-over (the run is worked already)."""
+    if step.settle_only or step.steal_from:
+        return None
+    if not (agentrun_settings.MAX_RUNS_PER_KEY or capped_agents()):
+        return None
+    found = store.claimable(step.run_id)
+    if found is None:
+        return None
+    return store.over_cap(step.run_id, caps_of(found["agent"], found["share_key"]))
 
 
 def _from_dead_holder(step: Step) -> store.Claimed | None:

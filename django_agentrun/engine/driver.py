@@ -15,6 +15,7 @@ each: execution.py); a task's claim adds one.
 from __future__ import annotations
 
 import logging
+import random
 import time
 from typing import Any
 
@@ -22,6 +23,7 @@ from django.db import DatabaseError, connection, transaction
 
 from .. import store, telemetry, transitions, wakeups
 from ..abort import CANCEL_REQUESTED, AbortSignal
+from ..agents import capped_agents
 from ..clients import ModelClient
 from ..conf import agentrun_settings
 from ..content import StoredResult
@@ -43,6 +45,7 @@ class Outcome:
     """What `advance` returns."""
 
     NOT_CLAIMED = "not_claimed"
+    CAPPED = "capped"  # over a cap of runs worked at once: it asks again later
     CONTINUED = "continued"  # handed back to the queue: a worker goes on with it
     PARKED = "parked"  # waits for a person
     FINISHED = "finished"  # completed, failed, cancelled or timed out
@@ -91,7 +94,20 @@ def drive(step: Step, *, heartbeat: bool = False) -> str:
     before = time.time()
     commit = claim.claim(step)
     if commit is None:
-        return Outcome.NOT_CLAIMED
+        if step.capped is None:
+            return Outcome.NOT_CLAIMED
+        column, value, cap = step.capped
+        delay = agentrun_settings.CAPPED_RETRY_SECONDS * (1 + random.random() / 2)
+        logger.info(
+            "The cap of %s %s (%s) is reached: waits %.1fs run_id=%s",
+            "agent" if column == "agent" else "key",
+            value,
+            cap,
+            delay,
+            step.run_id,
+        )
+        wakeups.send(step.run_id, countdown=delay)
+        return Outcome.CAPPED
     run = step.run
     model = str((run.config or {}).get("model") or "")
     with telemetry.invoke_agent(run, model, recovery=step.settle_only) as stretch:
@@ -100,7 +116,20 @@ def drive(step: Step, *, heartbeat: bool = False) -> str:
         telemetry.claimed(stretch, run, first=first, recovery=step.took_over)
         outcome = _drive(step, commit, heartbeat)
         telemetry.stretch_ended(stretch, outcome, step.turns)
-        return outcome
+    if outcome in (Outcome.PARKED, Outcome.FINISHED) and not step.settle_only:
+        _wake_next(run)
+    return outcome
+
+
+def _wake_next(run: Run) -> None:
+    """A run under a cap gave its slot back (it waits for a person, or ended): wake the run
+    queued longest under each of its caps, rather than leave it to ask again later."""
+    if not (agentrun_settings.MAX_RUNS_PER_KEY or capped_agents()):
+        return
+    for column, value, _cap in claim.caps_of(run.agent, run.share_key):
+        waiting = store.next_waiting(run.pk, column, value)
+        if waiting is not None:
+            wakeups.send(waiting)
 
 
 def _drive(step: Step, commit: Commit, heartbeat: bool) -> str:

@@ -21,6 +21,7 @@ from django.db import DatabaseError
 from django.utils import timezone
 
 from .. import streams, telemetry, transitions
+from ..agents import share_key
 from ..clients import ModelError, ModelRequest, ModelResponse, RateLimited, StreamAborted
 from ..conf import agentrun_settings
 from ..events import payloads
@@ -155,25 +156,10 @@ def request(step: Step, turn: Turn) -> ModelRequest:
 
 
 def admission(step: Step) -> dict[str, Any]:
-    """Who a request is for, as the governor's fair share reads it: the run, and the key its
-    agent's `fair_share_key(run)` names (a key function that fails is logged and the
-    host's key or the owner is used: a run never fails for its share's name)."""
-    run, agent = step.run, step.agent
-    found: dict[str, Any] = {"run": run}
-    if agent is not None and agent.fair_share_key is not None:
-        try:
-            key = agent.fair_share_key(run)
-        except Exception:  # noqa: BLE001 - the host's function: fall back, say so
-            logger.warning(
-                "fair_share_key of agent %s failed; the default key is used run_id=%s",
-                agent.name,
-                run.pk,
-                exc_info=True,
-            )
-        else:
-            if key is not None and str(key):
-                found["key"] = str(key)
-    return found
+    """Who a request is for, as the governor's fair share reads it: the run, and the key it
+    was created with (Run.share_key; named again for a run made before it was kept)."""
+    run = step.run
+    return {"run": run, "key": run.share_key or share_key(run)}
 
 
 def _continued(records: list[TurnRecord]) -> bool:

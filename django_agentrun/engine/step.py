@@ -30,7 +30,7 @@ from ..conf import agentrun_settings
 from ..models import Run, ToolCall, Turn
 from ..runconfig import RunConfig
 from ..states import TOOL_CALL_CLOSED, RunState, SideEffect, ToolCallState
-from ..store import Earlier, Lease, Write, chosen
+from ..store import Earlier, Lease, Share, Write, chosen
 from ..tokens import approval_token
 from ..tools import Tool, batch
 from .history import Segment, final_output, segments, structured
@@ -103,6 +103,7 @@ class Step:
         self.steal_from = steal_from
         self.lease: Lease | None = None
         self.took_over = False
+        self.capped: Share | None = None  # the cap the claim found full (store/caps.py)
         self.run: Run
         self.agent: Agent | None = None
         self.turns: list[Turn] = []

@@ -98,6 +98,11 @@ class Run(FSMModelMixin, UsageCounts):
         db_index=False,
     )
     metadata = json_field(default=dict, blank=True)
+    # The fair-share key, named when the run is created (agents.share_key: its agent's
+    # fair_share_key, AGENTRUN_FAIR_SHARE_KEY, or its owner): the governor shares the rate
+    # limit across it, and AGENTRUN_MAX_RUNS_PER_KEY caps the runs of one key worked at once.
+    # Not indexed: a cap counts among the leased runs (agentrun_run_leased_idx).
+    share_key = models.CharField(max_length=200, blank=True, default="", editable=False)
     # NULL, not "": runs without a key must not collide in the unique constraints.
     idempotency_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
     # A digest of what the request with that key asked for: a replay asking for something

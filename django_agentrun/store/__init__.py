@@ -10,12 +10,14 @@ code that sends them. No policy, no Celery.
   release, let run out, take over;
 - locks.py: row locks in the one lock order, and the errors of a lost race;
 - holds.py: a released lease held back for a while (a rate limit's wait);
+- caps.py: the runs worked at once under a cap, counted at the claim;
 - rows.py, clock.py: rows back from statements; the database's time.
 """
 
 from __future__ import annotations
 
 from .backend import Store, chosen, send
+from .caps import claimable, next_waiting, over_cap
 from .clock import database_now
 from .holds import hold_released
 from .leases import (
@@ -42,7 +44,7 @@ from .locks import (
     sqlstate,
 )
 from .postgres import FENCE_CONSTRAINT
-from .writes import Event, Lease, Write, refused
+from .writes import Event, Lease, Share, Write, refused
 
 __all__ = [
     "FENCE_CONSTRAINT",
@@ -50,10 +52,12 @@ __all__ = [
     "Earlier",
     "Event",
     "Lease",
+    "Share",
     "Store",
     "Write",
     "chosen",
     "claim",
+    "claimable",
     "connection_lost",
     "database_now",
     "earlier_history",
@@ -67,6 +71,8 @@ __all__ = [
     "lock_conversation",
     "lock_run",
     "lost_race",
+    "next_waiting",
+    "over_cap",
     "poll_cancel",
     "refused",
     "release_lease",

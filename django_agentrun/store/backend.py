@@ -19,7 +19,7 @@ from ..models import Run
 from .portable import PortableStore
 from .postgres import PostgresStore
 from .rows import Result
-from .writes import Lease, Write
+from .writes import Lease, Share, Write
 
 
 class Store(Protocol):
@@ -64,6 +64,13 @@ class Store(Protocol):
 
     def now(self) -> datetime:
         """The time leases are judged by."""
+        ...
+
+    def over_cap(self, run_id: Any, shares: list[Share]) -> Share | None:
+        """The first of `shares` (column, value, cap) under which `cap` runs other than
+        `run_id` are worked now (a live lease), or None. Where the database can, each
+        share's lock is taken first and held to the end of the caller's transaction, so
+        that claims under one cap count one after the other."""
         ...
 
     def lock_batch(self, queryset: Any, batch: int) -> list[Any]:

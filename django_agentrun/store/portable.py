@@ -15,7 +15,7 @@ from ..conf import agentrun_settings
 from ..models import Run, RunEventRow, ToolCall, Turn
 from ..states import RunState
 from .rows import Result, orm_rows
-from .writes import Lease, Write, refused, sent, settle
+from .writes import Lease, Share, Write, refused, sent, settle
 
 CLAIMABLE = (RunState.QUEUED, RunState.RUNNING, RunState.AWAITING_TOOL)
 
@@ -121,6 +121,18 @@ class PortableStore:
 
     def now(self) -> datetime:
         return timezone.now()
+
+    def over_cap(self, run_id: Any, shares: list[Share]) -> Share | None:
+        # No lock: SQLite has one writer, and the claim that follows is a write.
+        worked = Run._base_manager.filter(
+            state__in=(RunState.RUNNING, RunState.AWAITING_TOOL),
+            lease_expires_at__gt=timezone.now(),
+        ).exclude(lease_owner="")
+        for share in shares:
+            column, value, cap = share
+            if worked.filter(**{column: value}).exclude(pk=run_id).count() >= cap:
+                return share
+        return None
 
     def lock_batch(self, queryset: Any, batch: int) -> list[Any]:
         if connection.features.has_select_for_update_skip_locked:

@@ -23,7 +23,7 @@ from ..fields import StorableJSONEncoder
 from ..models import Run, ToolCall, Turn
 from .rows import Result, column_names
 from .sql import QUERIES
-from .writes import Change, Lease, Write, refused, sent, settle
+from .writes import Change, Lease, Share, Write, refused, sent, settle
 
 # A lone write that is refused fails on this constraint (unique run + seq of the events'
 # row; the run's first row already starts at seq 1): see `write` in queries.sql. A test checks the schema
@@ -113,6 +113,17 @@ class PostgresStore:
             cursor.execute(QUERIES["database_now"])
             value = cursor.fetchone()[0]
         return value if timezone.is_aware(value) else timezone.make_aware(value, UTC)
+
+    def over_cap(self, run_id: Any, shares: list[Share]) -> Share | None:
+        with connection.cursor() as cursor:
+            for column, value, _cap in sorted(shares):  # one lock order
+                cursor.execute(QUERIES["lock_share"], {"share": f"agentrun:{column}:{value}"})
+            for share in shares:
+                column, value, cap = share
+                cursor.execute(QUERIES[f"worked_by_{column}"], {"value": value, "run_id": run_id})
+                if cursor.fetchone()[0] >= cap:
+                    return share
+        return None
 
     def lock_batch(self, queryset: Any, batch: int) -> list[Any]:
         # The rows first (store/locks.py), skipping those a worker or a person holds.

@@ -103,6 +103,27 @@ SET "lease_owner" = %(owner)s,
 WHERE "id" = %(run_id)s
 RETURNING "lease_epoch", "lease_expires_at"
 
+-- name: lock_share
+-- A cap's lock (AGENTRUN_MAX_RUNS_PER_KEY, an Agent's max_concurrent_runs; store/caps.py),
+-- the transaction's own (released at its end: nothing is left on the server connection):
+-- two claims under one cap count one after the other, each seeing the other's lease.
+SELECT pg_advisory_xact_lock(hashtextextended(%(share)s, 0))
+
+-- name: worked_by_agent
+-- The runs of an agent worked now (a live lease), but the one being claimed: read through
+-- agentrun_run_leased_idx (a lease is held only by a run running or awaiting a tool).
+SELECT count(*) FROM "agentrun_run"
+WHERE "state" IN ('running', 'awaiting_tool') AND "agent" = %(value)s
+  AND "lease_owner" <> '' AND "lease_expires_at" > statement_timestamp()
+  AND "id" <> %(run_id)s
+
+-- name: worked_by_share_key
+-- The same for a fair-share key (the run's "share_key", named when it was created).
+SELECT count(*) FROM "agentrun_run"
+WHERE "state" IN ('running', 'awaiting_tool') AND "share_key" = %(value)s
+  AND "lease_owner" <> '' AND "lease_expires_at" > statement_timestamp()
+  AND "id" <> %(run_id)s
+
 -- name: database_now
 SELECT statement_timestamp()
 

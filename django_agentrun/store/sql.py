@@ -4,10 +4,11 @@
 
 Each statement is complete: values are named parameters, nothing is spliced in. None
 relies on state left on a server connection between transactions (no SQL PREPARE, no
-session SET, no advisory lock, no temporary table): each works behind a connection pooler
-that gives every transaction another server connection (PgBouncer in transaction mode).
-The long write is a function a migration installs (`write_function`), whose plans Postgres
-keeps per server connection; `write` is its call.
+session SET, no session-level advisory lock: a cap's is the transaction's, no temporary
+table): each works behind a connection pooler that gives every transaction another server
+connection (PgBouncer in transaction mode). The long write is a function a migration
+installs (`write_function`), whose plans Postgres keeps per server connection; `write` is
+its call.
 """
 
 from __future__ import annotations

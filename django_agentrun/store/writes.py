@@ -31,6 +31,9 @@ Event = tuple[str, dict[str, Any]]
 
 LeaseChange = Literal["keep", "now", "renew"]
 
+# A cap (store/caps.py): the column it counts by ("agent" or "share_key"), its value, the cap.
+Share = tuple[str, str, int]
+
 
 @dataclass(frozen=True)
 class Lease:

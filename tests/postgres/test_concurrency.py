@@ -386,3 +386,28 @@ def test_zombie__tool_result_of_a_lost_lease_is_refused(postgres):
     _finish_after(thief, run, client)
     call.refresh_from_db()
     assert (call.state, call.attempt) == ("succeeded", 2)
+
+
+def test_cap__claims_racing_under_one_cap_take_its_slots_only(postgres, settings):
+    """AGENTRUN_MAX_RUNS_PER_KEY on many workers at once: the claims under one cap count
+    one after the other (the cap's lock, held to the end of each claim's transaction), so
+    no two see the same free slot."""
+    from django_agentrun.abort import AbortSignal
+    from django_agentrun.engine.claim import claim
+    from django_agentrun.engine.step import Step
+    from tests.factories import user
+
+    settings.AGENTRUN_MAX_RUNS_PER_KEY = 2
+    ann = user("ann")
+    runs = [start_run("test-agent", f"r{i}", owner=ann) for i in range(8)]
+
+    def target(i):
+        step = Step(runs[i].pk, f"worker-{i}", AbortSignal(), None)
+        return claim(step) is not None and step.capped is None
+
+    results, errors = race(len(runs), target)
+    assert errors == [None] * len(runs)
+    assert sum(results) == 2
+    worked = Run.objects.filter(pk__in=[r.pk for r in runs], state=RunState.RUNNING)
+    assert worked.exclude(lease_owner="").count() == 2
+    assert Run.objects.filter(state=RunState.QUEUED, lease_epoch=0).count() == 6

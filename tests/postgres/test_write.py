@@ -268,6 +268,7 @@ UNCHANGING = {
         "metadata",
         "idempotency_key",
         "request_hash",
+        "share_key",  # named once, at the run's creation (agents.share_key)
         "lease_epoch",
         "created_at",
         "forked_from_id",

@@ -88,3 +88,44 @@ def test_governor__every_worker_shares_the_limit_fairly(workers, messages_api, s
     assert len(executions("lookup")) == 14
     # The governor paces: few requests meet the account's limit.
     assert messages_api.rate_limit.refused <= 10, messages_api.rate_limit.refused
+
+
+def test_caps__at_most_n_runs_of_a_key_are_worked_at_once(workers, messages_api, settings):
+    """AGENTRUN_MAX_RUNS_PER_KEY = 1 on two workers of two processes each: owner A's six
+    runs are worked one at a time, B's two beside them (a key's cap holds no other key
+    back), every run completes and each model step is answered once."""
+    from django.db.models.functions import Now
+
+    messages_api.script = by_step(
+        [Reply([tool_use("lookup", {"query": "q"})], latency=0.3), Reply("done", latency=0.3)]
+    )
+    capped = {"AGENTRUN_MAX_RUNS_PER_KEY": "1", "AGENTRUN_CAPPED_RETRY_SECONDS": "0.5"}
+    for _ in range(2):
+        workers.start(pool="prefork", concurrency=2, AGENTRUN_GOVERNOR_URL="", **FAST, **capped)
+    users = get_user_model().objects
+    a, b = users.create(username="cap-a"), users.create(username="cap-b")
+    ids = [start_run("test-agent", f"a{i}", owner=a).pk for i in range(6)]
+    ids += [start_run("test-agent", f"b{i}", owner=b).pk for i in range(2)]
+    worked = Run.objects.filter(pk__in=ids, state__in=("running", "awaiting_tool")).exclude(
+        lease_owner=""
+    )
+    most: Counter = Counter()
+    both = False
+
+    def done() -> bool:
+        nonlocal both
+        live = worked.filter(lease_expires_at__gt=Now())  # the database's clock
+        counts = Counter(live.values_list("owner__username", flat=True))
+        for owner, n in counts.items():
+            most[owner] = max(most[owner], n)
+        both = both or (counts["cap-a"] and counts["cap-b"])
+        return Run.objects.filter(pk__in=ids, finished_at__isnull=False).count() == len(ids)
+
+    wait_for(done, timeout=120, interval=0.02, message="runs not finished")
+    assert set(Run.objects.filter(pk__in=ids).values_list("state", flat=True)) == {"completed"}
+    assert most == {"cap-a": 1, "cap-b": 1}, most
+    assert both  # B's runs were worked beside A's, not behind them
+    answered = _answered(messages_api)
+    assert len(answered) == 16 and set(answered.values()) == {1}, answered
+    log = workers.logs()
+    assert "The cap of key owner:" in log and "is reached: waits" in log
