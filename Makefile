@@ -161,7 +161,9 @@ POOLED_TESTS = tests/workers/test_delivery.py::test_duplicate_delivery__two_work
 	tests/workers/test_conversations.py \
 	tests/workers/test_crash_matrix.py::test_non_idempotent_without_check__waits_for_a_person \
 	"tests/workers/test_crash_matrix.py::test_crash_at__every_failpoint[tool.after_handler]" \
-	"tests/workers/test_crash_matrix.py::test_crash_at__every_failpoint__follow_up[tool.after_commit]"
+	"tests/workers/test_crash_matrix.py::test_crash_at__every_failpoint__follow_up[tool.after_commit]" \
+	tests/workers/test_governor.py::test_caps__at_most_n_runs_of_a_key_are_worked_at_once \
+	tests/postgres/test_concurrency.py::test_cap__claims_racing_under_one_cap_take_its_slots_only
 POOL_TESTS = tests/workers/test_delivery.py::test_duplicate_delivery__two_workers_execute_each_turn_once \
 	tests/workers/test_conversations.py::test_interrupt__a_run_waiting_for_an_approval_and_the_one_queued_behind_it \
 	"tests/workers/test_crash_matrix.py::test_crash_at__every_failpoint[tool.after_handler]"
