@@ -119,3 +119,22 @@ class ConversationBusy(InvalidTransition):
     """A run of this conversation is active, and the message's policy is `reject`."""
 
     code = "conversation_busy"
+
+
+def stopping_cause(exc: BaseException) -> BaseException | None:
+    """The SystemExit or KeyboardInterrupt behind `exc` (its causes and contexts, or named
+    in the message of an exception that wrapped it without chaining it: pydantic-core's
+    SchemaError when the stop lands in a lazy model build), or None. A process being
+    stopped (Celery terminating a pool child) raises SystemExit wherever it is; code that
+    turns exceptions into outcomes re-raises this instead, so the stop stays a stop (the run
+    is recovered from its lease) and never becomes a failed request or a tool's error."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, (SystemExit, KeyboardInterrupt)):
+            return current
+        current = current.__cause__ or current.__context__
+    if type(exc).__name__ == "SchemaError" and "SystemExit" in str(exc):
+        return SystemExit(1)
+    return None

@@ -27,7 +27,7 @@ from django.utils import timezone
 from .. import telemetry
 from ..conf import agentrun_settings
 from ..content import stored_result
-from ..exceptions import InvalidContent, ToolCancelled, ToolError
+from ..exceptions import InvalidContent, ToolCancelled, ToolError, stopping_cause
 from ..failpoints import failpoint
 from ..models import ToolCall, Turn
 from ..outcomes import CallEnding
@@ -246,6 +246,11 @@ def _invoke(step: Step, tool: Tool, call: ToolCall) -> CallEnding:
     except ToolError as exc:
         return _executed(ToolCallState.ERRORED, str(exc), True)
     except Exception as exc:  # noqa: BLE001 - a tool bug becomes an is_error result
+        stopping = stopping_cause(exc)
+        if stopping is not None:
+            # The process is being stopped, not the tool failing: the call stays in flight
+            # and its recovery follows its side-effect class, as after any crash.
+            raise stopping from exc
         logger.exception(
             "Tool %s raised run_id=%s tool_call_id=%s", call.name, step.run_id, call.tool_call_id
         )

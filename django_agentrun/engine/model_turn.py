@@ -25,6 +25,7 @@ from ..agents import share_key
 from ..clients import ModelError, ModelRequest, ModelResponse, RateLimited, StreamAborted
 from ..conf import agentrun_settings
 from ..events import payloads
+from ..exceptions import stopping_cause
 from ..failpoints import failpoint
 from ..models import ToolCall, Turn, idempotency_key_for
 from ..states import TOOL_CALL_CLOSED, ResultSource, SideEffect, ToolCallState, TurnState
@@ -73,7 +74,7 @@ def ask(step: Step, turn: Turn) -> Commit:
     except DatabaseError:
         raise
     except Exception as exc:  # noqa: BLE001 - deterministic: the same request fails again
-        stopping = _stopping(exc)
+        stopping = stopping_cause(exc)
         if stopping is not None:
             # The process is being stopped (a pool child terminated by Celery after its
             # broker connection was lost raises SystemExit wherever it is; pydantic-core
@@ -92,21 +93,6 @@ def ask(step: Step, turn: Turn) -> Commit:
         # What its thinking blocks are bound to, to know later whether they still hold.
         turn.prefix = prefix_hash(req.model, req.system, req.tools, req.messages)
     return record(step, turn, response, retries)
-
-
-def _stopping(exc: BaseException) -> BaseException | None:
-    """The SystemExit or KeyboardInterrupt behind `exc` (its causes and contexts, or named
-    in the message of an exception that wrapped it without chaining it), or None."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, (SystemExit, KeyboardInterrupt)):
-            return current
-        current = current.__cause__ or current.__context__
-    if type(exc).__name__ == "SchemaError" and "SystemExit" in str(exc):
-        return SystemExit(1)
-    return None
 
 
 def request(step: Step, turn: Turn) -> ModelRequest:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..content import stored_result
-from ..exceptions import InvalidContent
+from ..exceptions import InvalidContent, stopping_cause
 from ..models import ToolCall
 from ..states import SideEffect
 from ..tools import Tool, ToolContext
@@ -63,6 +63,9 @@ def decide(step: Step, call: ToolCall, tool: Tool | None, context: ToolContext) 
     try:
         found = tool.invoke_reconcile(context, call.arguments)
     except Exception as exc:  # noqa: BLE001 - a failing check: a person decides
+        stopping = stopping_cause(exc)
+        if stopping is not None:
+            raise stopping from exc  # the process is being stopped: not the check's answer
         logger.exception("Reconcile check of %s failed run_id=%s", call.name, step.run_id)
         return Unknown(f"The reconcile check failed with {type(exc).__name__}.")
     if found.status == "done":

@@ -323,3 +323,38 @@ def test_model_call__a_process_being_stopped_is_no_failure_of_the_run(wrapped):
         advance(run.pk, client=ScriptedClient([Reply([], error=error)]))
     run = Run.objects.get(pk=run.pk)
     assert run.state == "running" and not run.error_code
+
+
+def _stopped_inside() -> RuntimeError:
+    """What a library makes of a SystemExit raised inside it (the process being stopped):
+    another exception, chained from the stop."""
+    try:
+        try:
+            raise SystemExit(-15)
+        except SystemExit as stop:
+            raise RuntimeError("the client library's call failed") from stop
+    except RuntimeError as exc:
+        return exc
+
+
+@tool(side_effect=SideEffect.NON_IDEMPOTENT)
+def stopped_while_charging() -> dict:
+    """Charges a card (its process is stopped while it does)."""
+    raise _stopped_inside()
+
+
+Agent(name="edges-stopped", model="claude-sonnet-4-5", tools=[stopped_while_charging])
+
+
+def test_tool_call__a_process_being_stopped_is_no_error_of_the_tool():
+    """A tool whose process is stopped mid-call (a SystemExit its library wrapped) is not
+    closed as an is_error result the model would read as "it failed": the call stays in
+    flight, and its recovery follows its side-effect class, as after any crash."""
+    run = start_run("edges-stopped", "charge it")
+    client = ScriptedClient([reply(tool_use("stopped_while_charging", {}))])
+    with pytest.raises(SystemExit):
+        advance(run.pk, client=client)
+    call = ToolCall.objects.get(run=run)
+    assert call.state == "in_flight" and call.result is None
+    run = Run.objects.get(pk=run.pk)
+    assert run.state == "awaiting_tool" and not run.error_code
