@@ -126,10 +126,13 @@ def _wake_next(run: Run) -> None:
     queued longest under each of its caps, rather than leave it to ask again later."""
     if not (agentrun_settings.MAX_RUNS_PER_KEY or capped_agents()):
         return
-    for column, value, _cap in claim.caps_of(run.agent, run.share_key):
-        waiting = store.next_waiting(run.pk, column, value)
-        if waiting is not None:
-            wakeups.send(waiting)
+    try:
+        for column, value, _cap in claim.caps_of(run.agent, run.share_key):
+            waiting = store.next_waiting(run.pk, column, value)
+            if waiting is not None:
+                wakeups.send(waiting)
+    except DatabaseError:  # what this run did is committed; the waiting run asks again
+        logger.warning("Could not wake the next run under a cap run_id=%s", run.pk, exc_info=True)
 
 
 def _drive(step: Step, commit: Commit, heartbeat: bool) -> str:

@@ -93,7 +93,8 @@ def test_governor__every_worker_shares_the_limit_fairly(workers, messages_api, s
 def test_caps__at_most_n_runs_of_a_key_are_worked_at_once(workers, messages_api, settings):
     """AGENTRUN_MAX_RUNS_PER_KEY = 1 on two workers of two processes each: owner A's six
     runs are worked one at a time, B's two beside them (a key's cap holds no other key
-    back), every run completes and each model step is answered once."""
+    back), every run completes, each model step is answered once, and the reaper (every
+    second, a 3 s lease) takes no waiting run for a lost one."""
     from django.db.models.functions import Now
 
     messages_api.script = by_step(
@@ -111,9 +112,16 @@ def test_caps__at_most_n_runs_of_a_key_are_worked_at_once(workers, messages_api,
     )
     most: Counter = Counter()
     both = False
+    settings.AGENTRUN_LEASE_SECONDS = 3
+    settings.AGENTRUN_QUEUED_STALE_SECONDS = 3
+    reaped: list = []
+    last = [time.monotonic()]
 
     def done() -> bool:
         nonlocal both
+        if time.monotonic() - last[0] > 1:  # beat's reaper, every second
+            last[0] = time.monotonic()
+            reaped.extend(reap(run_ids=ids).findings)
         live = worked.filter(lease_expires_at__gt=Now())  # the database's clock
         counts = Counter(live.values_list("owner__username", flat=True))
         for owner, n in counts.items():
@@ -125,6 +133,7 @@ def test_caps__at_most_n_runs_of_a_key_are_worked_at_once(workers, messages_api,
     assert set(Run.objects.filter(pk__in=ids).values_list("state", flat=True)) == {"completed"}
     assert most == {"cap-a": 1, "cap-b": 1}, most
     assert both  # B's runs were worked beside A's, not behind them
+    assert reaped == []  # a run waiting under a cap is no lost wake-up
     answered = _answered(messages_api)
     assert len(answered) == 16 and set(answered.values()) == {1}, answered
     log = workers.logs()
