@@ -296,6 +296,18 @@ def echo_bytes() -> dict:
 Agent(name="edges-bytes", model="claude-sonnet-4-5", tools=[echo_bytes])
 
 
+def _stopped_inside() -> RuntimeError:
+    """What a library makes of a SystemExit raised inside it (the process being stopped):
+    another exception, chained from the stop."""
+    try:
+        try:
+            raise SystemExit(-15)
+        except SystemExit as stop:
+            raise RuntimeError("the client library's call failed") from stop
+    except RuntimeError as exc:
+        return exc
+
+
 @pytest.mark.parametrize("wrapped", ["chained", "named"])
 def test_model_call__a_process_being_stopped_is_no_failure_of_the_run(wrapped):
     """A pool child that Celery terminates raises SystemExit wherever it is; pydantic-core
@@ -309,13 +321,7 @@ def test_model_call__a_process_being_stopped_is_no_failure_of_the_run(wrapped):
         pass
 
     if wrapped == "chained":
-        try:
-            try:
-                raise SystemExit(-241)
-            except SystemExit as stop:
-                raise RuntimeError("building a serializer failed") from stop
-        except RuntimeError as exc:
-            error = exc
+        error = _stopped_inside()
     else:
         error = SchemaError("Error building `literal` serializer:\n  SystemExit: -241")
     run = start_run("test-agent", "hi")
@@ -323,18 +329,6 @@ def test_model_call__a_process_being_stopped_is_no_failure_of_the_run(wrapped):
         advance(run.pk, client=ScriptedClient([Reply([], error=error)]))
     run = Run.objects.get(pk=run.pk)
     assert run.state == "running" and not run.error_code
-
-
-def _stopped_inside() -> RuntimeError:
-    """What a library makes of a SystemExit raised inside it (the process being stopped):
-    another exception, chained from the stop."""
-    try:
-        try:
-            raise SystemExit(-15)
-        except SystemExit as stop:
-            raise RuntimeError("the client library's call failed") from stop
-    except RuntimeError as exc:
-        return exc
 
 
 @tool(side_effect=SideEffect.NON_IDEMPOTENT)
