@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
+from functools import lru_cache
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -245,21 +246,25 @@ def _current_link() -> list[Link] | None:
 
 # -- a worker's stretch of work on a run ----------------------------------------------------
 
-_LOG: ContextVar[dict[str, Any] | None] = ContextVar("agentrun_log_fields", default=None)
-
 
 class Stretch:
-    """The `invoke_agent` span of one stretch of a worker's work on a run."""
+    """The `invoke_agent` span of one stretch of a worker's work on a run, and the log
+    fields of the records made within."""
 
     def __init__(self, span: Any, run: Any, began: float) -> None:
         self.span = span
         self.run = run
         self.began = began
         self.recording = span.is_recording()
+        self.fields: dict[str, Any] = {"run_id": str(run.pk), "agent": run.agent, "turn": None}
 
     def event(self, name: str, **attributes: Any) -> None:
         if self.recording:
             self.span.add_event(name, attributes)
+
+
+# The stretch the current context works in (None elsewhere): its log fields, its span.
+_STRETCH: ContextVar[Stretch | None] = ContextVar("agentrun_stretch", default=None)
 
 
 @contextmanager
@@ -281,21 +286,20 @@ def invoke_agent(run: Any, model: str, *, recovery: bool = False) -> Iterator[St
         attributes=attributes,
         links=_current_link() if parent is not None else None,
     )
-    fields = {"run_id": str(run.pk), "agent": run.agent, "turn": None}
-    log_token = _LOG.set(fields)
     stretch = Stretch(span, run, time.monotonic())
+    token = _STRETCH.set(stretch)
     try:
         with trace.use_span(span, end_on_exit=True):
             yield stretch
     finally:
-        _LOG.reset(log_token)
+        _STRETCH.reset(token)
 
 
 def at_turn(index: int) -> None:
     """The turn the current stretch works on (for the log fields)."""
-    fields = _LOG.get()
-    if fields is not None:
-        fields["turn"] = index
+    stretch = _STRETCH.get()
+    if stretch is not None:
+        stretch.fields["turn"] = index
 
 
 def claimed(stretch: Stretch, run: Any, *, first: bool, recovery: bool) -> None:
@@ -309,27 +313,52 @@ def claimed(stretch: Stretch, run: Any, *, first: bool, recovery: bool) -> None:
         stretch.event("agentrun.recovery", **{"agentrun.recovery.attempts": run.recovery_attempts})
 
 
-def answered(run: Any, turn: Any, model: str, seconds: float, cost: Any = None) -> None:
-    """The model's answer for `turn` (recorded or not): the GenAI client metrics, its cost,
-    the turn's facts as an event of the stretch's span (where the SDK's `chat` span is)."""
+# Metric attributes: a few distinct sets per process (agents, models, tools, states), each
+# built once. The SDK copies what it keeps, so one dict serves every measurement.
+@lru_cache(maxsize=256)
+def _chat_attributes(model: str, response_model: str | None, error: str | None) -> tuple:
+    """The attributes of a request's duration, and (answered) of its input and output
+    tokens."""
     base = {
         "gen_ai.operation.name": "chat",
         "gen_ai.provider.name": PROVIDER,
         "gen_ai.request.model": model,
     }
+    if error is not None:
+        return ({**base, "error.type": error},)
+    if response_model:
+        base["gen_ai.response.model"] = response_model
+    input_, output = ({**base, "gen_ai.token.type": kind} for kind in ("input", "output"))
+    return base, input_, output
+
+
+@lru_cache(maxsize=256)
+def _model_attributes(agent: str, model: str | None) -> dict[str, Any]:
+    return {"gen_ai.agent.name": agent, "gen_ai.request.model": model}
+
+
+@lru_cache(maxsize=256)
+def _tool_attributes(tool: str, outcome: str) -> dict[str, Any]:
+    return {"gen_ai.tool.name": tool, "agentrun.tool.outcome": outcome}
+
+
+def answered(run: Any, turn: Any, model: str, seconds: float, cost: Any = None) -> None:
+    """The model's answer for `turn` (recorded or not): the GenAI client metrics, its cost,
+    the turn's facts as an event of the stretch's span (where the SDK's `chat` span is)."""
     if turn.content is None:  # no answer recorded: the request failed or was stopped
-        OPERATION_DURATION.record(seconds, {**base, "error.type": run.error_code or "_OTHER"})
+        (failed,) = _chat_attributes(model, None, run.error_code or "_OTHER")
+        OPERATION_DURATION.record(seconds, failed)
         return
-    if turn.model:
-        base["gen_ai.response.model"] = turn.model
-    OPERATION_DURATION.record(seconds, base)
+    duration, input_, output = _chat_attributes(model, turn.model or None, None)
+    OPERATION_DURATION.record(seconds, duration)
     cached = (turn.cache_read_input_tokens or 0) + (turn.cache_creation_input_tokens or 0)
     prompt = (turn.input_tokens or 0) + cached
-    TOKEN_USAGE.record(prompt, {**base, "gen_ai.token.type": "input"})
-    TOKEN_USAGE.record(turn.output_tokens or 0, {**base, "gen_ai.token.type": "output"})
+    TOKEN_USAGE.record(prompt, input_)
+    TOKEN_USAGE.record(turn.output_tokens or 0, output)
     if cost:
-        COST.add(float(cost), {"gen_ai.agent.name": run.agent, "gen_ai.request.model": model})
-    span = trace.get_current_span()
+        COST.add(float(cost), _model_attributes(run.agent, model))
+    stretch = _STRETCH.get()
+    span = stretch.span if stretch is not None else trace.get_current_span()
     if span.is_recording():
         share = (turn.cache_read_input_tokens or 0) / prompt if prompt else 0.0
         span.add_event(
@@ -359,19 +388,19 @@ def stretch_ended(stretch: Stretch, outcome: str, turns: Iterable[Any]) -> None:
     """The stretch's outcome (continued, parked, finished, lease lost), the durations of
     the turns it closed, and the run's end."""
     run = stretch.run
-    agent = {"gen_ai.agent.name": run.agent}
     wall_began = time.time() - (time.monotonic() - stretch.began)
     for t in turns:
         if t.finished_at is not None and t.finished_at.timestamp() >= wall_began:
             seconds = (t.finished_at - t.started_at).total_seconds()
-            TURN_DURATION.record(max(seconds, 0.0), {**agent, "gen_ai.request.model": t.model})
+            TURN_DURATION.record(max(seconds, 0.0), _model_attributes(run.agent, t.model))
+    if not stretch.recording:
+        return
     span = stretch.span
-    span.set_attribute("agentrun.outcome", outcome)
-    span.set_attribute("agentrun.run.state", run.state)
+    span.set_attributes({"agentrun.outcome": outcome, "agentrun.run.state": run.state})
     if outcome == "parked":
-        stretch.event("agentrun.approval_requested")
+        span.add_event("agentrun.approval_requested")
     elif outcome == "continued":
-        stretch.event("agentrun.handed_off")
+        span.add_event("agentrun.handed_off")
     if outcome == "finished":
         if capture_content() and run.output is not None:
             span.set_attribute("gen_ai.output.messages", _messages("assistant", run.output))
@@ -409,57 +438,75 @@ def settled(call: Any, policy: str) -> None:
 
 
 class ToolSpan:
-    """The `execute_tool` span of one handler invocation; `end` says how it ended."""
+    """The `execute_tool` span of one handler invocation, current while it runs (a child of
+    the stretch's span); `end` says how it ended. One context manager (not the API's three
+    nested generators): a span per tool call is telemetry's most frequent."""
 
-    __slots__ = ("span", "call", "began", "outcome", "content")
+    __slots__ = ("span", "call", "side_effect", "began", "outcome", "content", "token")
 
-    def __init__(self, span: Any, call: Any, content: bool) -> None:
-        self.span = span
+    def __init__(self, call: Any, side_effect: str) -> None:
         self.call = call
-        self.began = time.perf_counter()
+        self.side_effect = side_effect
         self.outcome = "executed"
-        self.content = content
+
+    def __enter__(self) -> ToolSpan:
+        call = self.call
+        attributes = {
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": call.name,
+            "gen_ai.tool.call.id": call.tool_call_id,
+            "gen_ai.tool.type": "function",
+            "agentrun.tool.side_effect": str(self.side_effect),
+            "agentrun.tool.attempt": call.attempt,
+        }
+        if call.approved and call.decided_at is not None:
+            waited = (call.decided_at - call.created_at).total_seconds()
+            attributes["agentrun.approval.wait_seconds"] = max(waited, 0.0)
+        self.content = content = capture_content()
+        if content:
+            attributes["gen_ai.tool.call.arguments"] = _json(call.arguments)
+        parent = otel_context.get_current()  # read once: the span's parent, then its own
+        self.span = span = _tracer.start_span(  # INTERNAL, the default kind
+            f"execute_tool {call.name}", parent, attributes=attributes
+        )
+        self.token = otel_context.attach(trace.set_span_in_context(span, parent))
+        self.began = time.perf_counter()
+        return self
 
     def end(self, state: str, is_error: bool, result: Any) -> None:
         self.outcome = "cancelled" if state == "cancelled" else "executed"
         span = self.span
         if not span.is_recording():
             return
-        span.set_attribute("agentrun.tool.outcome", self.outcome)
-        span.set_attribute("agentrun.tool.state", state)
+        attributes = {"agentrun.tool.outcome": self.outcome, "agentrun.tool.state": state}
         if is_error:
-            span.set_attribute("error.type", "tool_error" if state != "cancelled" else state)
+            attributes["error.type"] = "tool_error" if state != "cancelled" else state
             span.set_status(Status(StatusCode.ERROR))
         if self.content:
-            span.set_attribute("gen_ai.tool.call.result", _json(getattr(result, "value", result)))
+            attributes["gen_ai.tool.call.result"] = _json(getattr(result, "value", result))
+        span.set_attributes(attributes)
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any
+    ) -> None:
+        """As the API's `start_as_current_span` ends a span, and the duration of a handler
+        that returned."""
+        seconds = time.perf_counter() - self.began
+        span = self.span
+        try:
+            otel_context.detach(self.token)
+            if isinstance(exc, Exception) and span.is_recording():
+                span.record_exception(exc)
+                span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+        finally:
+            span.end()
+        if exc is None:
+            TOOL_DURATION.record(seconds, _tool_attributes(self.call.name, self.outcome))
 
 
-@contextmanager
-def execute_tool(call: Any, side_effect: str) -> Iterator[ToolSpan]:
-    """The span around a tool handler's invocation (a child of the stretch's span)."""
-    attributes = {
-        "gen_ai.operation.name": "execute_tool",
-        "gen_ai.tool.name": call.name,
-        "gen_ai.tool.call.id": call.tool_call_id,
-        "gen_ai.tool.type": "function",
-        "agentrun.tool.side_effect": str(side_effect),
-        "agentrun.tool.attempt": call.attempt,
-    }
-    if call.approved and call.decided_at is not None:
-        waited = (call.decided_at - call.created_at).total_seconds()
-        attributes["agentrun.approval.wait_seconds"] = max(waited, 0.0)
-    content = capture_content()
-    if content:
-        attributes["gen_ai.tool.call.arguments"] = _json(call.arguments)
-    with _tracer.start_as_current_span(
-        f"execute_tool {call.name}", kind=SpanKind.INTERNAL, attributes=attributes
-    ) as span:
-        recorded = ToolSpan(span, call, content)
-        yield recorded
-    TOOL_DURATION.record(
-        time.perf_counter() - recorded.began,
-        {"gen_ai.tool.name": call.name, "agentrun.tool.outcome": recorded.outcome},
-    )
+def execute_tool(call: Any, side_effect: str) -> ToolSpan:
+    """The span around a tool handler's invocation: `with execute_tool(...) as span`."""
+    return ToolSpan(call, side_effect)
 
 
 # -- approvals waiting (an observable gauge; the query is the host app's) -------------------
@@ -510,7 +557,8 @@ class RunLogFilter(logging.Filter):
     formatter reads. Never replaces an attribute a record has."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        fields = _LOG.get() or {}
+        stretch = _STRETCH.get()
+        fields = stretch.fields if stretch is not None else {}
         for name in ("run_id", "agent", "turn"):
             if not hasattr(record, name):
                 setattr(record, name, fields.get(name))
