@@ -35,87 +35,37 @@ from functools import lru_cache
 from typing import Any
 
 from opentelemetry import context as otel_context
-from opentelemetry import metrics, trace
+from opentelemetry import trace
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from .conf import agentrun_settings
+from .instruments import (
+    COST,
+    MODEL_RETRIES,
+    OPERATION_DURATION,
+    QUEUE_LAG,
+    RECOVERIES,
+    RUN_DURATION,
+    RUNS_FINISHED,
+    RUNS_STARTED,
+    SCHEMA_URL,
+    SCOPE,
+    TOKEN_USAGE,
+    TOOL_DURATION,
+    TURN_DURATION,
+    meter,
+)
 
-SEMCONV_VERSION = "1.41.0"
-SCHEMA_URL = f"https://opentelemetry.io/schemas/{SEMCONV_VERSION}"
-SCOPE = "django_agentrun"
 PROVIDER = "anthropic"
 # The one value of OTEL_SEMCONV_STABILITY_OPT_IN that concerns GenAI: this app never
 # emitted an older version of the conventions, so it emits the latest with or without it.
 OPT_IN = "gen_ai_latest_experimental"
 
-# The conventions' advice for the two GenAI client histograms.
-DURATION_BUCKETS = [0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48,
-                    40.96, 81.92]  # fmt: skip
-TOKEN_BUCKETS = [1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304,
-                 16777216, 67108864]  # fmt: skip
-# Runs and approvals last longer than a model call: up to a day.
-LONG_BUCKETS = [0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 14400, 86400]
-
 _W3C = TraceContextTextMapPropagator()
 # Proxies: they follow the provider a host sets later (or stay no-ops).
 _tracer = trace.get_tracer(SCOPE, schema_url=SCHEMA_URL)
-_meter = metrics.get_meter(SCOPE, schema_url=SCHEMA_URL)
-
-TOKEN_USAGE = _meter.create_histogram(
-    "gen_ai.client.token.usage",
-    unit="{token}",
-    description="Number of input and output tokens used.",
-    explicit_bucket_boundaries_advisory=TOKEN_BUCKETS,
-)
-OPERATION_DURATION = _meter.create_histogram(
-    "gen_ai.client.operation.duration",
-    unit="s",
-    description="GenAI operation duration.",
-    explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
-)
-RUNS_STARTED = _meter.create_counter(
-    "agentrun.runs.started", unit="{run}", description="Runs created, by agent."
-)
-RUNS_FINISHED = _meter.create_counter(
-    "agentrun.runs.finished", unit="{run}", description="Runs that ended, by agent and state."
-)
-RUN_DURATION = _meter.create_histogram(
-    "agentrun.run.duration",
-    unit="s",
-    description="From a run's creation to its end, by agent and final state.",
-    explicit_bucket_boundaries_advisory=LONG_BUCKETS,
-)
-TURN_DURATION = _meter.create_histogram(
-    "agentrun.turn.duration",
-    unit="s",
-    description="From a turn's start to its close (the model's answer and its tools).",
-    explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
-)
-TOOL_DURATION = _meter.create_histogram(
-    "agentrun.tool.duration",
-    unit="s",
-    description="A tool handler's run, by tool and outcome.",
-    explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
-)
-QUEUE_LAG = _meter.create_histogram(
-    "agentrun.run.queue_lag",
-    unit="s",
-    description="From a run's being queued to a worker's first claim of it.",
-    explicit_bucket_boundaries_advisory=LONG_BUCKETS,
-)
-RECOVERIES = _meter.create_counter(
-    "agentrun.recoveries",
-    unit="{recovery}",
-    description="Runs taken over after their worker died or stopped, and in-flight calls settled.",
-)
-MODEL_RETRIES = _meter.create_counter(
-    "agentrun.model.retries", unit="{retry}", description="Model requests retried, by status."
-)
-COST = _meter.create_counter(
-    "agentrun.cost", unit="USD", description="What the model's answers cost, by agent and model."
-)
 
 
 # -- settings ------------------------------------------------------------------------------
@@ -257,6 +207,13 @@ class Stretch:
         self.began = began
         self.recording = span.is_recording()
         self.fields: dict[str, Any] = {"run_id": str(run.pk), "agent": run.agent, "turn": None}
+        # The cost of its answers by (agent, model), added to agentrun.cost once, at its end.
+        self.costs: dict[tuple[str, str], float] = {}
+
+    def spent(self) -> None:
+        for (agent, model), usd in self.costs.items():
+            COST.add(usd, _model_attributes(agent, model))
+        self.costs.clear()
 
     def event(self, name: str, **attributes: Any) -> None:
         if self.recording:
@@ -293,6 +250,7 @@ def invoke_agent(run: Any, model: str, *, recovery: bool = False) -> Iterator[St
             yield stretch
     finally:
         _STRETCH.reset(token)
+        stretch.spent()
 
 
 def at_turn(index: int) -> None:
@@ -355,9 +313,11 @@ def answered(run: Any, turn: Any, model: str, seconds: float, cost: Any = None) 
     prompt = (turn.input_tokens or 0) + cached
     TOKEN_USAGE.record(prompt, input_)
     TOKEN_USAGE.record(turn.output_tokens or 0, output)
-    if cost:
-        COST.add(float(cost), _model_attributes(run.agent, model))
     stretch = _STRETCH.get()
+    if cost and stretch is not None:  # one measurement per stretch, not one per answer
+        stretch.costs[run.agent, model] = stretch.costs.get((run.agent, model), 0.0) + float(cost)
+    elif cost:
+        COST.add(float(cost), _model_attributes(run.agent, model))
     span = stretch.span if stretch is not None else trace.get_current_span()
     if span.is_recording():
         share = (turn.cache_read_input_tokens or 0) / prompt if prompt else 0.0
@@ -534,13 +494,13 @@ def observe_approvals(query: Callable[[], Iterable[tuple[str, int, float]]]) -> 
     def age(options: CallbackOptions) -> Iterable[Observation]:
         return [Observation(s, {"gen_ai.agent.name": a}) for a, _, s in rows()]
 
-    _meter.create_observable_gauge(
+    meter.create_observable_gauge(
         "agentrun.approvals.waiting",
         callbacks=[waiting],
         unit="{call}",
         description="Tool calls waiting for a person, by agent.",
     )
-    _meter.create_observable_gauge(
+    meter.create_observable_gauge(
         "agentrun.approvals.oldest_age",
         callbacks=[age],
         unit="s",
