@@ -27,6 +27,7 @@ POINTS: dict[str, str] = {
     "tool.after_batch": "a batch's handlers all returned, their results are not committed",
     "tool.after_commit": "the tool result (and what follows it) is committed",
     "turn.before_enqueue": "the turn is closed and committed, the next not begun nor enqueued",
+    "webhook.before_send": "a worker took a committed webhook delivery, nothing sent yet",
 }
 
 _parsed: tuple[str, dict[str, str]] = ("", {})

@@ -1,5 +1,6 @@
 """Test settings: the example project plus the test app; Postgres when DATABASE_URL is set."""
 
+import json
 import os
 import sys
 
@@ -31,6 +32,10 @@ AGENTRUN_STREAM_URL = os.environ.get("AGENTRUN_STREAM_URL", "")
 # The rate-limit governor: off unless a test (or the workers it starts) names its Redis
 # (tests/db/test_governor.py, tests/workers/test_governor.py).
 AGENTRUN_GOVERNOR_URL = os.environ.get("AGENTRUN_GOVERNOR_URL", "")
+# Webhooks: the worker tier's receiver (tests/workers/test_webhooks.py) names its
+# subscriptions and the settings that go with them, as JSON, for its workers.
+for _name, _value in json.loads(os.environ.get("AGENTRUN_TEST_WEBHOOK_SETTINGS", "{}")).items():
+    globals()[f"AGENTRUN_{_name}"] = _value
 AGENTRUN_STREAM_PREFIX = os.environ.get("AGENTRUN_STREAM_PREFIX", "agentrun-test:stream")
 for _name in ("STREAM_KEEPALIVE_SECONDS", "STREAM_POLL_SECONDS"):
     if os.environ.get(f"AGENTRUN_{_name}"):
