@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+from datetime import timedelta
 
 import pytest
 from django.core import mail
@@ -30,6 +31,7 @@ from django_agentrun.models import (
     WebhookDelivery,
     WebhookSubscription,
 )
+from django_agentrun.reaper import reap
 from django_agentrun.states import RunState
 from django_agentrun.store import Write, send
 from django_agentrun.testing import ScriptedClient, reply, text
@@ -114,6 +116,37 @@ def test_outbox__a_conversation_run_also_reports_conversation_run_finished(hook,
     rows = deliveries(run_id=run.pk)
     assert [d.event_type for d in rows] == ["run.completed", "conversation.run_finished"]
     assert rows[1].payload["data"]["conversation_id"] == str(conversation.pk)
+
+
+@pytest.mark.django_db
+def test_outbox__the_reaper_s_time_out_writes_its_delivery(hook, dispatched):
+    run = start_run("test-agent", "go", deadline=timezone.now() - timedelta(seconds=1))
+    reap()
+    run.refresh_from_db()
+    assert run.state == RunState.TIMED_OUT
+    (row,) = deliveries(run_id=run.pk)
+    assert (row.event_type, row.payload["data"]["run_state"]) == ("run.timed_out", "timed_out")
+
+
+@pytest.mark.django_db
+def test_outbox__an_unknown_outcome_after_a_crash_writes_its_delivery(
+    hook, dispatched, monkeypatch
+):
+    run, call, _ = factories.unknown(monkeypatch)
+    (row,) = deliveries(event_type="tool_call.unknown")
+    assert row.payload["data"]["tool_name"] == "charge_card"
+    assert row.payload["data"]["run_state"] == RunState.AWAITING_APPROVAL
+    assert "500" not in json.dumps(row.payload)  # the call's arguments stay out
+
+
+@pytest.mark.django_db
+def test_outbox__a_parked_run_cancelled_by_a_person(hook, dispatched):
+    run, call, model = factories.parked()
+    cancel_run(run, reason="not today")
+    assert [d.event_type for d in deliveries()] == [
+        "tool_call.awaiting_approval",
+        "run.cancelled",
+    ]
 
 
 @pytest.mark.django_db(transaction=True)
