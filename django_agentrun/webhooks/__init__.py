@@ -6,6 +6,7 @@ See docs/how-to/webhooks.md."""
 from __future__ import annotations
 
 from ..store.outbox import ALL_EVENTS, forget_subscriptions
+from .config import problems
 from .delivery import EXCERPT_BYTES, Outcome, deliver, resend, sweep
 from .policy import UrlRefused, check
 from .signing import headers, retry_delay, total_seconds
@@ -19,6 +20,7 @@ __all__ = [
     "deliver",
     "forget_subscriptions",
     "headers",
+    "problems",
     "resend",
     "retry_delay",
     "sweep",

@@ -10,7 +10,14 @@ import pytest
 from standardwebhooks import Webhook, WebhookVerificationError
 
 from django_agentrun.conf import DEFAULTS
-from django_agentrun.webhooks import UrlRefused, check, headers, retry_delay, total_seconds
+from django_agentrun.webhooks import (
+    UrlRefused,
+    check,
+    headers,
+    problems,
+    retry_delay,
+    total_seconds,
+)
 from tests.webhook_receiver import SECRET
 
 
@@ -110,3 +117,21 @@ def test_check__allowed_by_host_name_or_network():
     assert check("http://lan.test/hook", ["10.0.0.0/8"], resolver=DNS) == ["10.1.2.3"]
     with pytest.raises(UrlRefused):
         check("http://mixed.test/hook", ["10.0.0.0/8"], resolver=DNS)
+
+
+def test_problems__a_good_subscription_has_none_and_mistakes_are_named():
+    good = {"name": "ops", "url": "https://h.example/x", "secret": SECRET, "events": ["*"]}
+    assert problems([good]) == []
+    found = problems(
+        [
+            good,
+            {**good, "url": "ftp://h.example/x"},
+            {**good, "name": "b", "secret": "not base64!"},
+            {**good, "name": "c", "events": ["run.exploded"]},
+            {"name": "d"},
+        ]
+    )
+    assert len(found) == 5, found
+    assert "used twice" in found[0] and "http(s)" in found[1]
+    assert "secret" in found[2] and "run.exploded" in found[3] and "lacks url" in found[4]
+    assert problems("nope") and problems([1])
