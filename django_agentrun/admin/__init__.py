@@ -1,10 +1,10 @@
 """Django admin for runs, tool-call decisions and the event log: an operator's console.
 
-Everything here is read-only except through `services`: the run actions call
+Everything about runs here is read-only except through `services`: the run actions call
 `cancel_run`/`resume_run`/`fork_run`, the decision actions and forms call
 `approve_tool_call`, `reject_tool_call` and `resolve_tool_call`, each with a token minted
-as the decision was shown. No admin path saves a model, so no state field is ever
-written by a form. A user sees the runs the API shows them, and their calls and events
+as the decision was shown. No admin path saves a run, turn or call, so no state field is
+ever written by a form (webhook subscriptions are plain rows, saved by their form). A user sees the runs the API shows them, and their calls and events
 (`visibility`); a run's owner may cancel, resume and fork it, as in the API.
 
 Where things are: `display` (badges, printable and folded values, dates), `visibility`,
