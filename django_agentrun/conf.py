@@ -143,7 +143,8 @@ DEFAULTS: dict[str, Any] = {
     # Webhooks (docs/how-to/webhooks.md). Subscriptions from settings: a list of
     # {"name", "url", "secret" (whsec_...), "events": [...] ("*": all)}; more in the admin.
     "WEBHOOKS": [],
-    # How long a process keeps the admin's subscriptions before it reads them again.
+    # How long a process keeps the admin's subscriptions before it reads them again; None:
+    # never read them (the subscriptions of settings only).
     "WEBHOOK_SUBSCRIPTIONS_CACHE_SECONDS": 5.0,
     # Host names, addresses or networks (CIDR) a webhook may go to although they are
     # private, loopback, link-local or reserved (none by default).

@@ -85,9 +85,12 @@ def settings_subscriptions() -> list[Subscription]:
 def admin_subscriptions(*, fresh: bool = False) -> list[Subscription]:
     """The admin's active subscriptions, kept per process for a few seconds."""
     global _admin_cache
+    seconds = agentrun_settings.WEBHOOK_SUBSCRIPTIONS_CACHE_SECONDS
+    if seconds is None:  # settings' subscriptions only: the table is never read
+        return []
     read_at, found = _admin_cache
     now = time.monotonic()
-    if fresh or now - read_at >= agentrun_settings.WEBHOOK_SUBSCRIPTIONS_CACHE_SECONDS:
+    if fresh or now - read_at >= seconds:
         found = [
             Subscription(s.name, s.url, s.secret, frozenset(s.events or ()))
             for s in WebhookSubscription.objects.filter(active=True)

@@ -375,3 +375,13 @@ def test_email__the_approvers_are_mailed_from_the_outbox(settings, dispatched):
     assert message.to == ["a@example.com"]
     assert "delete_account" in message.subject
     assert f"/admin/agentrun/toolcall/{call.pk}/change/" in message.body
+
+
+@pytest.mark.django_db
+def test_outbox__admin_subscriptions_can_be_left_unread(settings, dispatched):
+    settings.AGENTRUN_WEBHOOK_SUBSCRIPTIONS_CACHE_SECONDS = None
+    WebhookSubscription.objects.create(name="crm", url="https://crm.example/", events=["*"])
+    with CaptureQueriesContext(connection) as seen:
+        factories.completed_run()
+    assert not [q for q in seen.captured_queries if "webhook" in q["sql"].lower()]
+    assert deliveries() == []
