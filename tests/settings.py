@@ -4,6 +4,8 @@ import json
 import os
 import sys
 
+import django
+
 # `make test-postgres-psycopg2`: Django falls back to psycopg2 when psycopg (3) cannot be
 # imported, as in a project that only has psycopg2 installed. Inherited by worker processes.
 if os.environ.get("AGENTRUN_TEST_PSYCOPG2"):
@@ -43,6 +45,10 @@ for _name in ("STREAM_KEEPALIVE_SECONDS", "STREAM_POLL_SECONDS"):
 # The tests' users start every test agent through the API (the default asks for the
 # agentrun.start_run permission: tests/db/test_author_controls.py checks it).
 AGENTRUN_API_START = True
+# Django 6.1 asks for MAILERS (a project without them is warned at each e-mail, an error
+# here); the test runner swaps its backend for the in-memory one (mail.outbox).
+if django.VERSION >= (6, 1):
+    MAILERS = {"default": {"BACKEND": "django.core.mail.backends.locmem.EmailBackend"}}
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):  # noqa: F405
     DATABASES["default"]["NAME"] = ":memory:"  # noqa: F405
