@@ -1,7 +1,7 @@
 """4. Recovery after a crash at every failpoint, the wake-up window included.
 
-For each failpoint (django_agentrun.failpoints.POINTS, plus the second call of a turn's
-shared commit), a solo worker started with AGENTRUN_FAILPOINTS=<point>=crash runs a
+For each failpoint of a run (django_agentrun.failpoints.RUN_POINTS, plus the second call of a
+turn's shared commit), a solo worker started with AGENTRUN_FAILPOINTS=<point>=crash runs a
 two-call turn and dies there (os._exit: no cleanup, no ack). As soon as its exit is seen,
 a replacement worker starts (its start time is measured), while the bench process reaps
 every second as celery beat would (lease 3 s). The figure is crash -> run completed
@@ -26,9 +26,9 @@ SECOND_CALL = ["tool.after_commit@lookup", "tool.before_handler@fetch_page"]
 
 
 def _points(quick: bool) -> list[str]:
-    from django_agentrun.failpoints import POINTS
+    from django_agentrun.failpoints import RUN_POINTS
 
-    return sorted(POINTS) + ([] if quick else SECOND_CALL)
+    return sorted(RUN_POINTS) + ([] if quick else SECOND_CALL)
 
 
 def trial(pool: Workers, reaper: Reaper, point: str, index: int) -> dict:

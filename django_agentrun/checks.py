@@ -11,7 +11,7 @@ from django.core import checks
 from django.db import connections
 from django.utils.module_loading import import_string
 
-from . import deploy_checks, model_checks
+from . import deploy_checks, model_checks, webhooks
 from .access import api_rule
 from .conf import agentrun_settings
 from .engine.heartbeat import renewal_timing
@@ -257,6 +257,14 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
         hint = 'For example "agentrun.start_run" (the default), True or a function of the user.'
         found.append(checks.Error(str(exc), hint=hint, id="agentrun.E007"))
     found += _governor_findings(s)
+    found += [
+        checks.Error(
+            problem,
+            hint="See docs/how-to/webhooks.md: {name, url, secret, events} per subscription.",
+            id="agentrun.E050",
+        )
+        for problem in webhooks.problems(s.WEBHOOKS)
+    ]
     try:
         import_string(s.MODEL_CLIENT)
     except ImportError as exc:

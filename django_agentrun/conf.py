@@ -146,6 +146,31 @@ DEFAULTS: dict[str, Any] = {
     # Deltas held for a client that does not read them; past that its stream ends (it
     # reconnects with its cursor), so a stalled client costs a bounded amount of memory.
     "STREAM_BUFFER_ENTRIES": 2000,
+    # Webhooks (docs/how-to/webhooks.md). Subscriptions from settings: a list of
+    # {"name", "url", "secret" (whsec_...), "events": [...] ("*": all)}; more in the admin.
+    "WEBHOOKS": [],
+    # How long a process keeps the admin's subscriptions before it reads them again; None:
+    # never read them (the subscriptions of settings only).
+    "WEBHOOK_SUBSCRIPTIONS_CACHE_SECONDS": 5.0,
+    # Host names, addresses or networks (CIDR) a webhook may go to although they are
+    # private, loopback, link-local or reserved (none by default).
+    "WEBHOOK_ALLOWED_HOSTS": [],
+    # Seconds one try may take (connect, send, the answer's first KB).
+    "WEBHOOK_TIMEOUT_SECONDS": 10.0,
+    # Seconds before each retry after the first try (Standard Webhooks' schedule: 5 s,
+    # 5 min, 30 min, 2 h, 5 h, 10 h, 10 h; about 27.6 h in all), each stretched by up to
+    # WEBHOOK_RETRY_JITTER of itself at random. Then the delivery is given up (failed).
+    "WEBHOOK_RETRY_SECONDS": [5, 300, 1800, 7200, 18000, 36000, 36000],
+    "WEBHOOK_RETRY_JITTER": 0.2,
+    # A delivery due this long ago that no worker holds lost its task: the reaper's pass
+    # sends another.
+    "WEBHOOK_LOST_AFTER_SECONDS": 30.0,
+    # The admin's address as people reach it ("https://ops.example.com"): an approval's
+    # webhook and e-mail then carry a link to the call's decision page.
+    "WEBHOOK_ADMIN_URL": None,
+    # E-mail the users who may approve (agentrun.approve_toolcall) when a call waits for
+    # approval or its outcome is unknown, through Django's mail, from the same outbox.
+    "APPROVAL_EMAILS": False,
 }
 
 

@@ -18,7 +18,9 @@ from .exceptions import AgentRunError
 
 ENV = "AGENTRUN_FAILPOINTS"
 
-POINTS: dict[str, str] = {
+# The write-ahead windows of a run's advance: every run passes each (the crash matrix in
+# tests/workers and bench/failpoints.py crash a worker at each).
+RUN_POINTS: dict[str, str] = {
     "claim.after_commit": "the lease is claimed (a queued run started), nothing else done",
     "model.before_commit": "the model response arrived, not yet committed",
     "model.after_commit": "the answer, its tool calls (the first in flight) are committed",
@@ -27,6 +29,11 @@ POINTS: dict[str, str] = {
     "tool.after_batch": "a batch's handlers all returned, their results are not committed",
     "tool.after_commit": "the tool result (and what follows it) is committed",
     "turn.before_enqueue": "the turn is closed and committed, the next not begun nor enqueued",
+}
+# Every name, those of the webhook deliveries too (only a run someone subscribed to has one).
+POINTS: dict[str, str] = {
+    **RUN_POINTS,
+    "webhook.before_send": "a worker took a committed webhook delivery, nothing sent yet",
 }
 
 _parsed: tuple[str, dict[str, str]] = ("", {})

@@ -21,6 +21,8 @@ START_PERMISSION = "agentrun.start_run"
 #: See the admin overview (charts of runs, cost, latency, waiting calls, failures) of the
 #: runs one may see; staff only.
 OVERVIEW_PERMISSION = "agentrun.view_overview"
+#: Add, change and remove webhook subscriptions in the admin, and resend deliveries.
+MANAGE_WEBHOOKS_PERMISSION = "agentrun.manage_webhooks"
 
 
 def can_decide(user: Any) -> bool:
@@ -36,6 +38,16 @@ def can_view_overview(user: Any) -> bool:
         and user.is_active
         and user.is_staff
         and user.has_perm(OVERVIEW_PERMISSION)
+    )
+
+
+def can_manage_webhooks(user: Any) -> bool:
+    """Whether `user` may manage webhook subscriptions and resend deliveries."""
+    return bool(
+        user
+        and user.is_authenticated
+        and user.is_staff
+        and user.has_perm(MANAGE_WEBHOOKS_PERMISSION)
     )
 
 

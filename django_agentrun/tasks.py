@@ -11,9 +11,11 @@ import logging
 from celery import shared_task
 from django.db import InterfaceError, OperationalError
 
-from . import wakeups
+from . import wakeups, webhooks
+from .conf import agentrun_settings
 from .engine import advance
 from .reaper import reap as reap_now
+from .store import outbox
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +45,25 @@ def reap() -> dict | None:
     """Find runs nobody is advancing and repair them (see recovery.reap). None: nothing
     to do (and Celery's per-task log lines of such a pass are dropped, see IdleReaperFilter)."""
     report = reap_now()
-    return report.as_dict() if report.findings else None
+    resent = webhooks.sweep()
+    if resent:
+        logger.info("Webhook deliveries handed to a worker again: %d", resent)
+    if not report.findings and not resent:
+        return None
+    return {**report.as_dict(), **({"webhooks": resent} if resent else {})}
+
+
+@shared_task(name="django_agentrun.deliver_webhook", **TASK_OPTIONS)
+def deliver_webhook(delivery_id: str) -> str:
+    """Try one webhook (or approval e-mail) delivery of the outbox, if it is due."""
+    return webhooks.deliver(delivery_id)
+
+
+def _send_delivery(delivery_id: str, countdown: float | None = None) -> None:
+    options: dict = {"countdown": countdown} if countdown else {}
+    if agentrun_settings.QUEUE:
+        options["queue"] = agentrun_settings.QUEUE
+    deliver_webhook.apply_async(args=[delivery_id], **options)
 
 
 class IdleReaperFilter(logging.Filter):
@@ -70,3 +90,4 @@ def _quiet_idle_reaper() -> None:
 
 _quiet_idle_reaper()
 wakeups.register(advance_run)
+outbox.register(_send_delivery)

@@ -1,7 +1,10 @@
 """Test settings: the example project plus the test app; Postgres when DATABASE_URL is set."""
 
+import json
 import os
 import sys
+
+import django
 
 # `make test-postgres-psycopg2`: Django falls back to psycopg2 when psycopg (3) cannot be
 # imported, as in a project that only has psycopg2 installed. Inherited by worker processes.
@@ -31,6 +34,10 @@ AGENTRUN_STREAM_URL = os.environ.get("AGENTRUN_STREAM_URL", "")
 # The rate-limit governor: off unless a test (or the workers it starts) names its Redis
 # (tests/db/test_governor.py, tests/workers/test_governor.py).
 AGENTRUN_GOVERNOR_URL = os.environ.get("AGENTRUN_GOVERNOR_URL", "")
+# Webhooks: the worker tier's receiver (tests/workers/test_webhooks.py) names its
+# subscriptions and the settings that go with them, as JSON, for its workers.
+for _name, _value in json.loads(os.environ.get("AGENTRUN_TEST_WEBHOOK_SETTINGS", "{}")).items():
+    globals()[f"AGENTRUN_{_name}"] = _value
 AGENTRUN_STREAM_PREFIX = os.environ.get("AGENTRUN_STREAM_PREFIX", "agentrun-test:stream")
 for _name in ("STREAM_KEEPALIVE_SECONDS", "STREAM_POLL_SECONDS", "CAPPED_RETRY_SECONDS"):
     if os.environ.get(f"AGENTRUN_{_name}"):
@@ -41,6 +48,10 @@ if os.environ.get("AGENTRUN_MAX_RUNS_PER_KEY"):
 # The tests' users start every test agent through the API (the default asks for the
 # agentrun.start_run permission: tests/db/test_author_controls.py checks it).
 AGENTRUN_API_START = True
+# Django 6.1 asks for MAILERS (a project without them is warned at each e-mail, an error
+# here); the test runner swaps its backend for the in-memory one (mail.outbox).
+if django.VERSION >= (6, 1):
+    MAILERS = {"default": {"BACKEND": "django.core.mail.backends.locmem.EmailBackend"}}
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):  # noqa: F405
     DATABASES["default"]["NAME"] = ":memory:"  # noqa: F405

@@ -13,9 +13,19 @@ from .calls import ToolCall, ToolCallQuerySet, Turn
 from .conversations import Conversation, ConversationQuerySet, status_of
 from .events import RunEvent, RunEventQuerySet, RunEventRow
 from .runs import Run, RunQuerySet
+from .webhooks import (
+    DeliveryKind,
+    DeliveryStatus,
+    WebhookAttempt,
+    WebhookDelivery,
+    WebhookSubscription,
+    new_secret,
+)
 
 __all__ = [
     "Conversation",
+    "DeliveryKind",
+    "DeliveryStatus",
     "ConversationQuerySet",
     "Run",
     "RunEvent",
@@ -26,6 +36,10 @@ __all__ = [
     "ToolCallQuerySet",
     "Turn",
     "UsageCounts",
+    "WebhookAttempt",
+    "WebhookDelivery",
+    "WebhookSubscription",
     "idempotency_key_for",
+    "new_secret",
     "status_of",
 ]

@@ -11,6 +11,7 @@ code that sends them. No policy, no Celery.
 - locks.py: row locks in the one lock order, and the errors of a lost race;
 - holds.py: a released lease held back for a while (a rate limit's wait);
 - caps.py: the runs worked at once under a cap, counted at the claim;
+- outbox.py: the webhook deliveries a write calls for, in its transaction (both stores);
 - rows.py, clock.py: rows back from statements; the database's time.
 """
 

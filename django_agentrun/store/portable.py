@@ -14,6 +14,7 @@ from django.utils import timezone
 from ..conf import agentrun_settings
 from ..models import Run, RunEventRow, ToolCall, Turn
 from ..states import RunState
+from . import outbox
 from .rows import Result, orm_rows
 from .writes import Lease, Share, Write, refused, sent, settle
 
@@ -142,8 +143,15 @@ class PortableStore:
     # -- a write: a few ORM statements in one transaction ---------------------------------
 
     def send(self, write: Write) -> None:
+        deliveries = None
+        for kind, _ in write.events:  # inline: a write reporting nothing calls nothing more
+            if kind in outbox.EVENTS:
+                deliveries = outbox.wanted(write)
+                break
         with transaction.atomic():
             _send(write)
+            if deliveries:
+                outbox.insert(write, deliveries)
         sent(write)
 
 

@@ -21,6 +21,7 @@ from django.utils import timezone
 from ..conf import agentrun_settings
 from ..fields import StorableJSONEncoder
 from ..models import Run, ToolCall, Turn
+from . import outbox
 from .rows import Result, column_names
 from .sql import QUERIES
 from .writes import Change, Lease, Share, Write, refused, sent, settle
@@ -132,7 +133,21 @@ class PostgresStore:
     # -- a write: one statement -----------------------------------------------------------
 
     def send(self, write: Write) -> None:
-        if connection.in_atomic_block or write.events:
+        deliveries = None
+        for kind, _ in write.events:  # inline: a write reporting nothing calls nothing more
+            if kind in outbox.EVENTS:
+                deliveries = outbox.wanted(write)
+                break
+        if deliveries:
+            # The outbox's rows join the write's transaction (a savepoint inside a caller's).
+            # A refusal leaves it before it is told apart (the statement's failure aborted it).
+            try:
+                with transaction.atomic():
+                    _send(write, fenced=_FencedOut)
+                    outbox.insert(write, deliveries)
+            except _FencedOut:
+                refused(write)
+        elif connection.in_atomic_block or write.events:
             _send(write)
         else:
             # Without an event a refusal cannot fail the statement as a whole: give it a
@@ -140,6 +155,10 @@ class PostgresStore:
             with transaction.atomic():
                 _send(write)
         sent(write)
+
+
+class _FencedOut(Exception):
+    """A refused write inside the transaction `send` opened for the outbox."""
 
 
 def _lease_params(lease: Lease) -> dict[str, Any]:
@@ -172,7 +191,7 @@ def _multi_statement(cursor: Any) -> bool:
     return psycopg is not None and isinstance(cursor.cursor, psycopg.ClientCursor)
 
 
-def _send(write: Write) -> None:
+def _send(write: Write, fenced: type[Exception] | None = None) -> None:
     run = write.run
     now = timezone.now()
     turns_added = [o for o in write.added if isinstance(o, Turn)]
@@ -207,6 +226,8 @@ def _send(write: Write) -> None:
     except IntegrityError as exc:
         if not _fenced_out(exc):
             raise
+        if fenced is not None:
+            raise fenced() from exc
         row = None
     if row is None:
         refused(write)

@@ -16,7 +16,7 @@ from decimal import Decimal
 import pytest
 
 from django_agentrun import fork_run, send_message, start_conversation, start_run
-from django_agentrun.failpoints import POINTS
+from django_agentrun.failpoints import RUN_POINTS
 from django_agentrun.recovery import reap
 from django_agentrun.testing import ScriptedClient, reply
 from django_agentrun.testing.messages_api import Reply, by_step, text, tool_use, web_search
@@ -93,7 +93,7 @@ SECOND_CALL = [
 ]
 
 
-@pytest.mark.parametrize("point", sorted(POINTS) + SECOND_CALL)
+@pytest.mark.parametrize("point", sorted(RUN_POINTS) + SECOND_CALL)
 def test_crash_at__every_failpoint(point, workers, messages_api, settings):
     settings.AGENTRUN_LEASE_SECONDS = 2
     messages_api.script = script()
@@ -132,7 +132,7 @@ def test_crash_at__every_failpoint(point, workers, messages_api, settings):
 # With thinking on, the default model's matrix is test_crash_at__every_failpoint__
 # thinking_and_server_tool's (the researcher: claude-sonnet-5-5, adaptive thinking, and a
 # server tool and a cached prefix besides).
-@pytest.mark.parametrize("point", sorted(POINTS))
+@pytest.mark.parametrize("point", sorted(RUN_POINTS))
 def test_crash_at__every_failpoint__default_model(point, workers, messages_api, settings):
     """The matrix on the default model (claude-sonnet-5-5) with its default options: every
     request the workers send after a crash is one the stand-in (the API's rules for that
@@ -220,7 +220,7 @@ def test_crash_at__failpoints__forked_run(point, workers, messages_api, settings
     assert (run.turn_count, run.forked_from_id) == (3, original.pk)
 
 
-@pytest.mark.parametrize("point", sorted(POINTS) + SECOND_CALL)
+@pytest.mark.parametrize("point", sorted(RUN_POINTS) + SECOND_CALL)
 def test_crash_at__every_failpoint__follow_up(point, workers, messages_api, settings, queue):
     """A run of a conversation, after a first one: its history (read at every claim, a
     take-over's too) starts with the first run's, and the crash changes nothing of that."""
@@ -281,7 +281,7 @@ def thinking_and_server_tool() -> list[Reply]:
     ]
 
 
-@pytest.mark.parametrize("point", sorted(POINTS))
+@pytest.mark.parametrize("point", sorted(RUN_POINTS))
 def test_crash_at__every_failpoint__thinking_and_server_tool(
     point, workers, messages_api, settings
 ):

@@ -1,0 +1,28 @@
+"""Webhooks and approval e-mails from the outbox (store/outbox.py writes the deliveries in
+the transaction of the change they report): signing (Standard Webhooks), the URL policy,
+the tries and their schedule (delivery), the e-mail to the approvers (mail).
+See docs/how-to/webhooks.md."""
+
+from __future__ import annotations
+
+from ..store.outbox import ALL_EVENTS, forget_subscriptions
+from .config import problems
+from .delivery import EXCERPT_BYTES, Outcome, deliver, resend, sweep
+from .policy import UrlRefused, check
+from .signing import headers, retry_delay, total_seconds
+
+__all__ = [
+    "ALL_EVENTS",
+    "EXCERPT_BYTES",
+    "Outcome",
+    "UrlRefused",
+    "check",
+    "deliver",
+    "forget_subscriptions",
+    "headers",
+    "problems",
+    "resend",
+    "retry_delay",
+    "sweep",
+    "total_seconds",
+]

@@ -1,0 +1,204 @@
+"""Sending the outbox's deliveries: one try at a time, each recorded (`WebhookAttempt`),
+retried on the schedule (AGENTRUN_WEBHOOK_RETRY_SECONDS) until a 2xx answer or the end of
+the schedule; the reaper's pass (`sweep`) sends again what a lost task left; `resend`
+starts a new cycle of tries under the same webhook id.
+
+Delivery is at least once: a worker killed after the receiver answered and before the try
+was recorded sends it again (receivers deduplicate by `webhook-id`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import httpx2
+from django.db import transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from ..conf import agentrun_settings
+from ..failpoints import failpoint
+from ..fields import storable_text
+from ..models import DeliveryKind, DeliveryStatus, WebhookAttempt, WebhookDelivery
+from ..store import outbox
+from . import mail, policy, signing
+
+logger = logging.getLogger(__name__)
+
+#: At most this much of a response body is kept (the rest is never read).
+EXCERPT_BYTES = 1024
+#: A retry due within this many seconds is handed to a worker with a countdown; a later one
+#: is found by the reaper's pass (countdowns stay short: the broker's visibility timeout).
+COUNTDOWN_MAX_SECONDS = 60.0
+USER_AGENT = "django-agentrun-webhooks"
+
+
+@dataclass
+class Outcome:
+    """What one try found: delivered, or why not (and whether to try again)."""
+
+    delivered: bool
+    status_code: int | None = None
+    error: str = ""
+    excerpt: str = ""
+    final: bool = False
+
+
+def deliver(delivery_id: Any) -> str:
+    """Try a due delivery once, if no other worker holds it; what happened, in a word."""
+    now = timezone.now()
+    # Held for longer than a try takes; a worker killed during one leaves it for this long.
+    hold = now + timedelta(seconds=agentrun_settings.WEBHOOK_TIMEOUT_SECONDS * 2 + 5)
+    taken = (
+        WebhookDelivery.objects.filter(
+            pk=delivery_id,
+            status=DeliveryStatus.PENDING,
+            next_attempt_at__lte=now + timedelta(seconds=1),
+        )
+        .filter(Q(locked_until__isnull=True) | Q(locked_until__lt=now))
+        .update(locked_until=hold)
+    )
+    if not taken:
+        return "not due"
+    delivery = WebhookDelivery.objects.get(pk=delivery_id)
+    failpoint("webhook.before_send")
+    started, clock = timezone.now(), time.monotonic()
+    if delivery.kind == DeliveryKind.EMAIL:
+        outcome = _email(delivery)
+    else:
+        outcome = _post(delivery)
+    return _record(delivery, outcome, started, time.monotonic() - clock)
+
+
+def _email(delivery: WebhookDelivery) -> Outcome:
+    try:
+        return Outcome(True, excerpt=mail.send(delivery))
+    except ValueError as exc:
+        return Outcome(False, error=str(exc), final=True)
+    except Exception as exc:  # noqa: BLE001 - the mail server's error, tried again later
+        return Outcome(False, error=f"{type(exc).__name__}: {exc}")
+
+
+def _post(delivery: WebhookDelivery) -> Outcome:
+    sub = outbox.subscription(delivery.subscription)
+    if sub is None:
+        return Outcome(False, error="The subscription was removed or deactivated", final=True)
+    if sub.url != delivery.url:
+        delivery.url = sub.url
+        WebhookDelivery.objects.filter(pk=delivery.pk).update(url=sub.url)
+    try:
+        policy.check(sub.url, agentrun_settings.WEBHOOK_ALLOWED_HOSTS)
+    except policy.UrlRefused as exc:
+        return Outcome(False, error=str(exc), final=True)
+    body = json.dumps(delivery.payload, separators=(",", ":")).encode()
+    headers = signing.headers(sub.secret, delivery.webhook_id, timezone.now(), body)
+    headers["user-agent"] = USER_AGENT
+    try:
+        with httpx2.Client(
+            follow_redirects=False,
+            timeout=agentrun_settings.WEBHOOK_TIMEOUT_SECONDS,
+            trust_env=False,
+        ) as client:
+            with client.stream("POST", sub.url, content=body, headers=headers) as response:
+                excerpt = _excerpt(response)
+                code = response.status_code
+    except httpx2.HTTPError as exc:
+        return Outcome(False, error=f"{type(exc).__name__}: {exc}")
+    if 200 <= code < 300:
+        return Outcome(True, status_code=code, excerpt=excerpt)
+    return Outcome(False, status_code=code, error=f"HTTP {code}", excerpt=excerpt)
+
+
+def _excerpt(response: Any) -> str:
+    read = b""
+    for chunk in response.iter_bytes():
+        read += chunk
+        if len(read) >= EXCERPT_BYTES:
+            break
+    return storable_text(read[:EXCERPT_BYTES].decode("utf-8", errors="replace"))
+
+
+def _record(delivery: WebhookDelivery, outcome: Outcome, started: Any, seconds: float) -> str:
+    tries = delivery.attempts + 1
+    fields: dict[str, Any] = {"attempts": tries, "locked_until": None}
+    delay = None
+    if outcome.delivered:
+        fields.update(status=DeliveryStatus.DELIVERED, delivered_at=timezone.now(), last_error="")
+    else:
+        fields["last_error"] = storable_text(outcome.error)
+        if not outcome.final:
+            delay = signing.retry_delay(
+                tries,
+                agentrun_settings.WEBHOOK_RETRY_SECONDS,
+                agentrun_settings.WEBHOOK_RETRY_JITTER,
+            )
+        if delay is None:
+            fields["status"] = DeliveryStatus.FAILED
+        else:
+            fields["next_attempt_at"] = timezone.now() + timedelta(seconds=delay)
+    with transaction.atomic():
+        WebhookAttempt.objects.create(
+            delivery=delivery,
+            cycle=delivery.cycle,
+            number=tries,
+            started_at=started,
+            duration_ms=int(seconds * 1000),
+            status_code=outcome.status_code,
+            error=storable_text(outcome.error),
+            response_excerpt=outcome.excerpt,
+        )
+        WebhookDelivery.objects.filter(pk=delivery.pk).update(**fields)
+    if delay is not None and delay <= COUNTDOWN_MAX_SECONDS:
+        outbox.dispatch([str(delivery.pk)], countdown=delay)
+    if outcome.delivered:
+        return "delivered"
+    logger.warning(
+        "Webhook delivery %s (%s) try %d failed: %s",
+        delivery.webhook_id,
+        delivery.event_type,
+        tries,
+        outcome.error,
+    )
+    return "retrying" if delay is not None else "failed"
+
+
+def sweep(limit: int = 100) -> int:
+    """Hand to a worker the deliveries due for AGENTRUN_WEBHOOK_LOST_AFTER_SECONDS that no
+    worker holds (their task was lost, or their retry is due); how many. Each is due again
+    only a grace period later, so a slow queue is not flooded with duplicates."""
+    now = timezone.now()
+    lost = now - timedelta(seconds=agentrun_settings.WEBHOOK_LOST_AFTER_SECONDS)
+    ids = list(
+        WebhookDelivery.objects.filter(status=DeliveryStatus.PENDING, next_attempt_at__lte=lost)
+        .filter(Q(locked_until__isnull=True) | Q(locked_until__lt=now))
+        .order_by("next_attempt_at")
+        .values_list("pk", flat=True)[:limit]
+    )
+    if ids:
+        WebhookDelivery.objects.filter(pk__in=ids, status=DeliveryStatus.PENDING).update(
+            next_attempt_at=now
+        )
+        outbox.dispatch([str(pk) for pk in ids])
+    return len(ids)
+
+
+def resend(deliveries: Any) -> int:
+    """Start a new cycle of tries (the schedule from its start) under the same webhook ids;
+    how many. They are handed to a worker once the caller's transaction commits."""
+    ids = [str(d.pk) for d in deliveries]
+    count = WebhookDelivery.objects.filter(pk__in=ids).update(
+        status=DeliveryStatus.PENDING,
+        attempts=0,
+        cycle=F("cycle") + 1,
+        next_attempt_at=timezone.now(),
+        locked_until=None,
+        delivered_at=None,
+        last_error="",
+    )
+    transaction.on_commit(lambda: outbox.dispatch(ids))
+    return count
