@@ -25,9 +25,9 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def capped_agent():
-    Agent("capped", model="claude-sonnet-4-5", max_concurrent_runs=1)
-    yield "capped"
-    unregister_agent("capped")
+    Agent("one-at-a-time", model="claude-sonnet-4-5", max_concurrent_runs=1)
+    yield "one-at-a-time"
+    unregister_agent("one-at-a-time")
 
 
 def worked(run: Run, owner: str = "worker-1") -> Step:

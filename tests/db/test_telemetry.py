@@ -109,14 +109,22 @@ def started(reader) -> int:
     """The runs-started counter of test-agent (cumulative: this process's whole session)."""
     points = [
         p
-        for rm in reader.get_metrics_data().resource_metrics
-        for sm in rm.scope_metrics
-        for m in sm.metrics
+        for m in collected(reader)
         if m.name == "agentrun.runs.started"
         for p in m.data.data_points
         if dict(p.attributes) == {"gen_ai.agent.name": "test-agent"}
     ]
     return sum(p.value for p in points)
+
+
+def collected(reader) -> list:
+    """Every metric the reader collects now; none (not None) before this process recorded
+    any: which test of this module runs first in a process depends on the test runner's
+    split of the suite."""
+    data = reader.get_metrics_data()
+    if data is None:
+        return []
+    return [m for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics]
 
 
 def test_log_records__carry_the_run_the_turn_and_the_trace(sdk, caplog):
@@ -172,9 +180,7 @@ def counted(reader, name: str, **attributes) -> int:
     """A counter's value over the data points whose attributes include `attributes`."""
     return sum(
         p.value
-        for rm in reader.get_metrics_data().resource_metrics
-        for sm in rm.scope_metrics
-        for m in sm.metrics
+        for m in collected(reader)
         if m.name == name
         for p in m.data.data_points
         if attributes.items() <= dict(p.attributes).items()
