@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from ..store.outbox import ALL_EVENTS, forget_subscriptions
 from .config import problems
-from .delivery import EXCERPT_BYTES, Outcome, deliver, resend, sweep
+from .delivery import EXCERPT_BYTES, Tried, deliver, resend, sweep
 from .policy import UrlRefused, check
 from .signing import headers, retry_delay, total_seconds
 
 __all__ = [
     "ALL_EVENTS",
     "EXCERPT_BYTES",
-    "Outcome",
+    "Tried",
     "UrlRefused",
     "check",
     "deliver",

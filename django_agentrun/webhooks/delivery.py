@@ -39,7 +39,7 @@ USER_AGENT = "django-agentrun-webhooks"
 
 
 @dataclass
-class Outcome:
+class Tried:
     """What one try found: delivered, or why not (and whether to try again)."""
 
     delivered: bool
@@ -75,26 +75,26 @@ def deliver(delivery_id: Any) -> str:
     return _record(delivery, outcome, started, time.monotonic() - clock)
 
 
-def _email(delivery: WebhookDelivery) -> Outcome:
+def _email(delivery: WebhookDelivery) -> Tried:
     try:
-        return Outcome(True, excerpt=mail.send(delivery))
+        return Tried(True, excerpt=mail.send(delivery))
     except ValueError as exc:
-        return Outcome(False, error=str(exc), final=True)
+        return Tried(False, error=str(exc), final=True)
     except Exception as exc:  # noqa: BLE001 - the mail server's error, tried again later
-        return Outcome(False, error=f"{type(exc).__name__}: {exc}")
+        return Tried(False, error=f"{type(exc).__name__}: {exc}")
 
 
-def _post(delivery: WebhookDelivery) -> Outcome:
+def _post(delivery: WebhookDelivery) -> Tried:
     sub = outbox.subscription(delivery.subscription)
     if sub is None:
-        return Outcome(False, error="The subscription was removed or deactivated", final=True)
+        return Tried(False, error="The subscription was removed or deactivated", final=True)
     if sub.url != delivery.url:
         delivery.url = sub.url
         WebhookDelivery.objects.filter(pk=delivery.pk).update(url=sub.url)
     try:
         policy.check(sub.url, agentrun_settings.WEBHOOK_ALLOWED_HOSTS)
     except policy.UrlRefused as exc:
-        return Outcome(False, error=str(exc), final=True)
+        return Tried(False, error=str(exc), final=True)
     body = json.dumps(delivery.payload, separators=(",", ":")).encode()
     headers = signing.headers(sub.secret, delivery.webhook_id, timezone.now(), body)
     headers["user-agent"] = USER_AGENT
@@ -108,10 +108,10 @@ def _post(delivery: WebhookDelivery) -> Outcome:
                 excerpt = _excerpt(response)
                 code = response.status_code
     except httpx2.HTTPError as exc:
-        return Outcome(False, error=f"{type(exc).__name__}: {exc}")
+        return Tried(False, error=f"{type(exc).__name__}: {exc}")
     if 200 <= code < 300:
-        return Outcome(True, status_code=code, excerpt=excerpt)
-    return Outcome(False, status_code=code, error=f"HTTP {code}", excerpt=excerpt)
+        return Tried(True, status_code=code, excerpt=excerpt)
+    return Tried(False, status_code=code, error=f"HTTP {code}", excerpt=excerpt)
 
 
 def _excerpt(response: Any) -> str:
@@ -123,7 +123,7 @@ def _excerpt(response: Any) -> str:
     return storable_text(read[:EXCERPT_BYTES].decode("utf-8", errors="replace"))
 
 
-def _record(delivery: WebhookDelivery, outcome: Outcome, started: Any, seconds: float) -> str:
+def _record(delivery: WebhookDelivery, outcome: Tried, started: Any, seconds: float) -> str:
     tries = delivery.attempts + 1
     fields: dict[str, Any] = {"attempts": tries, "locked_until": None}
     delay = None
