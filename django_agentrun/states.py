@@ -121,6 +121,8 @@ class ConversationStatus(models.TextChoices):
 _R = RunState
 # Active states: a deadline may end them.
 RUN_ACTIVE = frozenset({_R.QUEUED, _R.RUNNING, _R.AWAITING_TOOL, _R.AWAITING_APPROVAL})
+# The states a claim takes a run in: queued, or released between the tasks that carry it.
+RUN_CLAIMABLE = frozenset({_R.QUEUED, _R.RUNNING, _R.AWAITING_TOOL})
 
 RUN_TRANSITIONS: dict[str, frozenset[str]] = {
     _R.QUEUED: frozenset({_R.RUNNING, _R.CANCELLED, _R.TIMED_OUT}),

@@ -201,11 +201,9 @@ def estimate_input_tokens(params: dict[str, Any]) -> int:
 
 def share_of(admission: dict[str, Any]) -> tuple[str, int, str]:
     """(fair-share key, priority: 0 first, ticket) of a request. For a run: the key it was
-    created with (in `admission`: Run.share_key), else what AGENTRUN_FAIR_SHARE_KEY's
-    function says, else its owner; a conversation's message first unless
-    AGENTRUN_FAIR_SHARE_INTERACTIVE_FIRST is off."""
-    from django.utils.module_loading import import_string
-
+    created with (in `admission`: Run.share_key), else the one agents.share_key names; a
+    conversation's message first unless AGENTRUN_FAIR_SHARE_INTERACTIVE_FIRST is off."""
+    from ..agents import share_key
     from ..conf import agentrun_settings as s
 
     run = admission.get("run")
@@ -214,10 +212,7 @@ def share_of(admission: dict[str, Any]) -> tuple[str, int, str]:
         priority = int(admission.get("priority") or 0)
         ticket = admission.get("ticket") or random.random()
     else:
-        path = s.FAIR_SHARE_KEY
-        key = admission.get("key")
-        if not key:
-            key = import_string(path)(run) if path else f"owner:{run.owner_id or '-'}"
+        key = admission.get("key") or share_key(run)
         interactive = run.conversation_id is not None and s.FAIR_SHARE_INTERACTIVE_FIRST
         priority, ticket = (0 if interactive else 1), run.pk
     return str(key).replace("|", "/"), priority, str(ticket)

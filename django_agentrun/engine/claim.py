@@ -51,6 +51,12 @@ def claim(step: Step) -> Commit | None:
     return commit
 
 
+def caps_set() -> bool:
+    """Whether any cap is set (AGENTRUN_MAX_RUNS_PER_KEY, an Agent's max_concurrent_runs):
+    without one, nothing about caps is read or counted."""
+    return bool(agentrun_settings.MAX_RUNS_PER_KEY or capped_agents())
+
+
 def caps_of(agent: str, share_key: str) -> list[store.Share]:
     """The caps a run of `agent` with `share_key` is worked under: its agent's
     max_concurrent_runs, AGENTRUN_MAX_RUNS_PER_KEY for its key (a run made before keys
@@ -70,7 +76,7 @@ def _over_cap(step: Step) -> store.Share | None:
     and never for the reaper's recovery or a take-over (the run is worked already)."""
     if step.settle_only or step.steal_from:
         return None
-    if not (agentrun_settings.MAX_RUNS_PER_KEY or capped_agents()):
+    if not caps_set():
         return None
     found = store.claimable(step.run_id)
     if found is None:

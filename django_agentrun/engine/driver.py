@@ -23,7 +23,6 @@ from django.db import DatabaseError, connection, transaction
 
 from .. import store, telemetry, transitions, wakeups
 from ..abort import CANCEL_REQUESTED, AbortSignal
-from ..agents import capped_agents
 from ..clients import ModelClient
 from ..conf import agentrun_settings
 from ..content import StoredResult
@@ -124,7 +123,7 @@ def drive(step: Step, *, heartbeat: bool = False) -> str:
 def _wake_next(run: Run) -> None:
     """A run under a cap gave its slot back (it waits for a person, or ended): wake the run
     queued longest under each of its caps, rather than leave it to ask again later."""
-    if not (agentrun_settings.MAX_RUNS_PER_KEY or capped_agents()):
+    if not claim.caps_set():
         return
     try:
         for column, value, _cap in claim.caps_of(run.agent, run.share_key):

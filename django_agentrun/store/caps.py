@@ -8,12 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 from ..models import Run
-from ..states import RunState
+from ..states import RUN_CLAIMABLE, RunState
 from .backend import chosen
 from .writes import Share
-
-# Where a run waits for a worker: queued, or released (its lease given back) between tasks.
-WAITING = (RunState.QUEUED, RunState.RUNNING, RunState.AWAITING_TOOL)
 
 
 def over_cap(run_id: Any, shares: list[Share]) -> Share | None:
@@ -26,7 +23,7 @@ def claimable(run_id: Any) -> dict[str, Any] | None:
     """What a cap needs of a run about to be claimed (its agent and share key), or None when
     the claim would not take it anyway: a live holder, or a state no claim takes."""
     return (
-        Run._base_manager.filter(pk=run_id, state__in=WAITING, lease_owner="")
+        Run._base_manager.filter(pk=run_id, state__in=RUN_CLAIMABLE, lease_owner="")
         .values("agent", "share_key")
         .first()
     )

@@ -13,12 +13,10 @@ from django.utils import timezone
 
 from ..conf import agentrun_settings
 from ..models import Run, RunEventRow, ToolCall, Turn
-from ..states import RunState
+from ..states import RUN_CLAIMABLE
 from . import outbox
 from .rows import Result, orm_rows
 from .writes import Lease, Share, Write, refused, sent, settle
-
-CLAIMABLE = (RunState.QUEUED, RunState.RUNNING, RunState.AWAITING_TOOL)
 
 # The columns of an earlier run of a conversation that a follow-up's history reads.
 EARLIER_RUN_FIELDS = ("id", "conversation_position", "input", "context", "state", "last_seq")
@@ -43,7 +41,7 @@ class PortableStore:
     ) -> list[Result]:
         """The claim statements of queries.sql (`claim_released`, `claim_takeover`)."""
         now = timezone.now()
-        rows = Run._base_manager.filter(pk=run_id, state__in=CLAIMABLE)
+        rows = Run._base_manager.filter(pk=run_id, state__in=RUN_CLAIMABLE)
         fields: dict[str, Any] = {
             "lease_owner": owner,
             "lease_expires_at": now + timedelta(seconds=seconds),
@@ -52,7 +50,9 @@ class PortableStore:
         }
         if name == "claim_released":
             # Not while an earlier run of its conversation is active (queries.sql).
-            rows = Run.objects.filter(pk=run_id, state__in=CLAIMABLE, lease_owner="").startable()
+            rows = Run.objects.filter(
+                pk=run_id, state__in=RUN_CLAIMABLE, lease_owner=""
+            ).startable()
         else:
             expired = Q(lease_expires_at__lt=now)
             if dead_holder:
@@ -125,10 +125,9 @@ class PortableStore:
 
     def over_cap(self, run_id: Any, shares: list[Share]) -> Share | None:
         # No lock: SQLite has one writer, and the claim that follows is a write.
-        worked = Run._base_manager.filter(
-            state__in=(RunState.RUNNING, RunState.AWAITING_TOOL),
-            lease_expires_at__gt=timezone.now(),
-        ).exclude(lease_owner="")
+        worked = (
+            Run.objects.leased().filter(lease_expires_at__gt=timezone.now()).exclude(lease_owner="")
+        )
         for share in shares:
             column, value, cap = share
             if worked.filter(**{column: value}).exclude(pk=run_id).count() >= cap:
