@@ -7,6 +7,7 @@ committed text."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -31,9 +32,11 @@ OTTERS = "Sea otters hold hands while they sleep, so that they do not drift apar
 RIVER = "River otters slide down muddy banks for fun, again and again. " * 12
 
 
-def slow(*blocks) -> Reply:
-    """A reply the stand-in streams slowly: 8 characters a delta, 25 ms apart."""
-    return Reply(list(blocks), chunk_size=8, delay=0.025)
+def slow(*blocks, hold: threading.Event | None = None) -> Reply:
+    """A reply the stand-in streams slowly: 8 characters a delta, 25 ms apart. With `hold`,
+    the stream stops after its 12th event (10 deltas: 80 characters) until `hold` is set
+    or the worker hangs up: the model is still writing for as long as the test looks."""
+    return Reply(list(blocks), chunk_size=8, delay=0.025, hold=hold)
 
 
 @pytest.fixture
@@ -51,18 +54,22 @@ def test_chat__start_stream_approve_interrupt_reload_stop(
 ):
     started = time.monotonic()
     factories.user("alice", "approve_toolcall")
+    # Each answer that the test watches being written waits, mid-stream, for the test: for
+    # it to be released (the first, the third), or for the worker to hang up (the second
+    # is interrupted, the fourth stopped). No step depends on how fast the machine is.
+    first_written, third_written = threading.Event(), threading.Event()
     messages_api.script = by_message(
         {
-            ASK: [slow(text(ANSWER))],
+            ASK: [slow(text(ANSWER), hold=first_written)],
             REFUND: [
                 slow(
                     text("I'll refund it once approved."),
                     tool_use("issue_refund", {"order_id": "A-1001", "amount_cents": 4999}),
                 ),
-                slow(text(AFTER_REFUND)),
+                slow(text(AFTER_REFUND), hold=threading.Event()),
             ],
-            INSTEAD: [slow(text(OTTERS))],
-            MORE: [slow(text(RIVER))],
+            INSTEAD: [slow(text(OTTERS), hold=third_written)],
+            MORE: [slow(text(RIVER), hold=threading.Event())],
         }
     )
     context = browser.new_context(viewport={"width": WIDTH, "height": HEIGHT})
@@ -95,6 +102,7 @@ def test_chat__start_stream_approve_interrupt_reload_stop(
     first.refresh_from_db()
     assert first.state != "completed", "the run completed before any word was shown"
     shot("streaming")
+    first_written.set()
     page.wait_for_selector('.run[data-position="0"] .text.committed')
 
     # A refund: the call waits for an approval, its arguments shown.
@@ -117,6 +125,9 @@ def test_chat__start_stream_approve_interrupt_reload_stop(
     wait_for(lambda: len(live_text(page, 2)) > 20, message="the third run's words")
     shot("before-reload")
     page.reload()
+    # The turn being written has its deltas sent again from the start.
+    wait_for(lambda: len(live_text(page, 2)) > 20, message="the third run's words, reloaded")
+    third_written.set()
     page.wait_for_selector('.run[data-position="2"] .text.committed')
     assert page.locator(".run").count() == 3
 

@@ -6,6 +6,7 @@ import copy
 import http.client
 import json
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -19,6 +20,7 @@ from django_agentrun.testing.messages_api import (
     ScriptExhausted,
     by_step,
     error,
+    script_from_steps,
     step_of,
     text,
     tool_use,
@@ -651,6 +653,40 @@ def test_stop_is_prompt_with_a_slow_stream_running() -> None:
     finally:
         sock.close()
     server.stop()  # idempotent
+
+
+def test_a_held_stream_waits_for_its_release_or_a_hang_up(api: MessagesAPIServer) -> None:
+    release = threading.Event()
+    api.script = lambda b: Reply("word " * 40, chunk_size=5, hold=release, hold_at=4)
+    sock = raw_stream_request(api.port, body(stream=True))
+    try:
+        seen = read_until(sock, b"content_block_delta")
+        sock.settimeout(0.3)
+        while True:  # everything before the 4th event, then nothing while held
+            try:
+                chunk = sock.recv(65536)
+            except TimeoutError:
+                break
+            assert chunk, "the held stream ended"
+            seen += chunk
+        assert seen.count(b"event: ") == 4 and b"message_stop" not in seen
+        release.set()
+        sock.settimeout(5)
+        seen += read_until(sock, b"message_stop")
+        assert seen.count(b"event: content_block_delta") == 40
+    finally:
+        sock.close()
+    # A client hanging up while held ends the wait (a worker cancelling its turn).
+    api.script = lambda b: Reply("word " * 40, hold=threading.Event(), hold_at=2)
+    sock = raw_stream_request(api.port, body(stream=True))
+    read_until(sock, b"message_start")
+    sock.close()
+    assert api.wait_for(lambda: api.disconnects == 1, timeout=2)
+
+
+def test_a_json_script_cannot_hold() -> None:
+    with pytest.raises(ValueError, match="unknown reply field.*hold"):
+        script_from_steps([{"content": "hi", "hold": True}])
 
 
 def test_latency_delays_the_first_byte(api: MessagesAPIServer) -> None:

@@ -321,6 +321,10 @@ class Handler(BaseHTTPRequestHandler):
                     break  # a clean end of the body, before the message is complete
                 if n and reply.delay and self._client_gone(reply.delay):
                     raise _ClientGone()
+                if reply.hold is not None and n == reply.hold_at:
+                    while not reply.hold.is_set():
+                        if self._client_gone(0.05):
+                            raise _ClientGone()
                 self._write_chunk(event)
             self._write_chunk(b"")  # the terminating zero-length chunk
         except (_ClientGone, OSError):

@@ -6,6 +6,7 @@ import importlib
 import json
 import secrets
 import string
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -153,6 +154,11 @@ class Reply:
     end_after: int | None = None
     # Characters per text_delta (and per input_json_delta).
     chunk_size: int = 20
+    # Hold the stream before its `hold_at`-th SSE event until this is set (a model still
+    # writing for as long as a test needs: no race between a slow stream and what watches
+    # it). A client that hangs up, or the stand-in stopping, ends the wait.
+    hold: threading.Event | None = None
+    hold_at: int = 12
     # The model that answered (default: the one requested): where the API fell back.
     model: str | None = None
     message_id: str | None = None
@@ -304,7 +310,8 @@ def script_from_steps(steps: Any, *, source: str = "script") -> Script:
     return by_step([_step_reply(item, f"{source}: step {n}") for n, item in enumerate(steps)])
 
 
-_REPLY_FIELDS = frozenset(f.name for f in fields(Reply))
+# A hold is a threading.Event, which no JSON script can give.
+_REPLY_FIELDS = frozenset(f.name for f in fields(Reply)) - {"hold", "hold_at"}
 
 
 def _step_reply(item: Any, where: str) -> Reply:
