@@ -26,8 +26,24 @@ class SubscriptionForm(forms.ModelForm):
         model = WebhookSubscription
         fields = ["name", "url", "secret", "events", "active"]
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.instance.pk is not None:
+            # Shown once, on the form that creates it (to copy into the receiver); after
+            # that the page never carries it: left blank, the secret stays as it is.
+            field = self.fields["secret"]
+            field.required = False
+            field.show_hidden_initial = False  # (a callable default's hidden copy of it)
+            field.widget = forms.PasswordInput(render_value=False, attrs={"autocomplete": "off"})
+            field.help_text = (
+                f"Set; it ends in …{self.instance.secret[-4:]}. Leave blank to keep it, or "
+                "enter a new one (whsec_ and base64) and give it to the receiver."
+            )
+
     def clean_secret(self) -> str:
         secret = self.cleaned_data["secret"]
+        if not secret and self.instance.pk is not None:
+            return self.instance.secret
         try:
             webhooks.headers(secret, "msg_check", datetime.fromtimestamp(0, UTC), b"")
         except Exception as exc:  # noqa: BLE001 - the library's words for a bad secret

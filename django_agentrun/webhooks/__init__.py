@@ -8,7 +8,7 @@ from __future__ import annotations
 from ..store.outbox import ALL_EVENTS, forget_subscriptions
 from .config import problems
 from .delivery import EXCERPT_BYTES, Tried, deliver, resend, sweep
-from .policy import UrlRefused, check
+from .policy import UrlRefused, check, pinned
 from .signing import headers, retry_delay, total_seconds
 
 __all__ = [
@@ -17,6 +17,7 @@ __all__ = [
     "Tried",
     "UrlRefused",
     "check",
+    "pinned",
     "deliver",
     "forget_subscriptions",
     "headers",

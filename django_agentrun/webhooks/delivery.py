@@ -92,19 +92,23 @@ def _post(delivery: WebhookDelivery) -> Tried:
         delivery.url = sub.url
         WebhookDelivery.objects.filter(pk=delivery.pk).update(url=sub.url)
     try:
-        policy.check(sub.url, agentrun_settings.WEBHOOK_ALLOWED_HOSTS)
+        addresses = policy.check(sub.url, agentrun_settings.WEBHOOK_ALLOWED_HOSTS)
     except policy.UrlRefused as exc:
         return Tried(False, error=str(exc), final=True)
+    target, host, extensions = policy.pinned(sub.url, addresses)
     body = json.dumps(delivery.payload, separators=(",", ":")).encode()
     headers = signing.headers(sub.secret, delivery.webhook_id, timezone.now(), body)
     headers["user-agent"] = USER_AGENT
+    headers.update(host)
     try:
         with httpx2.Client(
             follow_redirects=False,
             timeout=agentrun_settings.WEBHOOK_TIMEOUT_SECONDS,
             trust_env=False,
         ) as client:
-            with client.stream("POST", sub.url, content=body, headers=headers) as response:
+            with client.stream(
+                "POST", target, content=body, headers=headers, extensions=extensions
+            ) as response:
                 excerpt = _excerpt(response)
                 code = response.status_code
     except httpx2.HTTPError as exc:

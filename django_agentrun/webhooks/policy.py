@@ -1,14 +1,16 @@
 """Which URLs a webhook may go to: http(s) only, and no private, loopback, link-local,
 reserved or multicast address unless its host name, address or network is allowed
 (AGENTRUN_WEBHOOK_ALLOWED_HOSTS). The host is resolved and every address it resolves to
-is checked. No database."""
+is checked; the request then goes to an address that was checked (`pinned`), never to what
+the name resolves to a moment later. No database."""
 
 from __future__ import annotations
 
 import ipaddress
 import socket
 from collections.abc import Callable, Iterable
-from urllib.parse import urlsplit
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Resolver = Callable[[str, int], list[str]]
@@ -64,3 +66,24 @@ def check(url: str, allowed: Iterable[str] = (), resolver: Resolver = resolve) -
             "address (allow it in AGENTRUN_WEBHOOK_ALLOWED_HOSTS)"
         )
     return addresses
+
+
+def pinned(url: str, addresses: list[str]) -> tuple[str, dict[str, str], dict[str, Any]]:
+    """Where to send a request for `url` so that it reaches one of the `addresses` `check`
+    found, not what the name resolves to when the client connects (a DNS rebinding: public
+    when checked, private a moment later): the URL with the first address for its host,
+    the Host header it had, and for https the TLS server name (the certificate is checked
+    against the name). A host allowed by name (no addresses) is connected to by name."""
+    if not addresses:
+        return url, {}, {}
+    parts = urlsplit(url)
+    address = addresses[0].partition("%")[0]
+    host = f"[{address}]" if ":" in address else address
+    userinfo, at, hostport = parts.netloc.rpartition("@")
+    port = f":{parts.port}" if parts.port else ""
+    extensions = {"sni_hostname": parts.hostname} if parts.scheme == "https" else {}
+    return (
+        urlunsplit(parts._replace(netloc=f"{userinfo}{at}{host}{port}")),
+        {"host": hostport},
+        extensions,
+    )

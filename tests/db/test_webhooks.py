@@ -5,6 +5,7 @@ recorded, refused for private addresses, resent from the admin; e-mail to the ap
 from __future__ import annotations
 
 import json
+import socket
 import threading
 from datetime import timedelta
 
@@ -297,6 +298,43 @@ def test_deliver__a_private_address_is_refused_unless_allowed(hook, dispatched, 
 
 
 @pytest.mark.django_db
+def test_deliver__the_name_is_resolved_once_and_the_checked_address_is_used(
+    hook, dispatched, settings, monkeypatch
+):
+    # A name that resolves to an allowed address when checked and to another (say, a
+    # private one the host did not allow) a moment later: the request goes to the first.
+    settings.AGENTRUN_WEBHOOK_ALLOWED_HOSTS = ["127.0.0.1/32"]
+    port = int(hook.url.rsplit(":", 1)[1].split("/")[0])
+    real = socket.getaddrinfo
+    asked: list[str] = []
+
+    def rebinding(host, *args, **kwargs):
+        if host != "hooks.rebind.test":
+            return real(host, *args, **kwargs)
+        asked.append(host)
+        address = "127.0.0.1" if len(asked) == 1 else "127.0.0.2"
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, port))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", rebinding)
+    settings.AGENTRUN_WEBHOOKS = [
+        {
+            "name": "ops",
+            "url": f"http://hooks.rebind.test:{port}/hook",
+            "secret": SECRET,
+            "events": ["*"],
+        }
+    ]
+    webhooks.forget_subscriptions()
+    factories.completed_run()
+    (row,) = deliveries()
+    assert webhooks.deliver(row.pk) == "delivered"
+    assert asked == ["hooks.rebind.test"]
+    (got,) = hook.received
+    assert got.headers["host"] == f"hooks.rebind.test:{port}"
+    assert got.verified()["type"] == "run.completed"
+
+
+@pytest.mark.django_db
 def test_sweep__hands_over_deliveries_whose_task_was_lost(hook, dispatched, settings):
     factories.completed_run()
     (row,) = deliveries()
@@ -360,6 +398,28 @@ def test_admin__subscriptions_need_the_permission(client):
     assert answer.status_code == 302, answer.content[:2000]
     sub = WebhookSubscription.objects.get(name="crm")
     assert sub.events == ["run.completed", "tool_call.awaiting_approval"]
+    # The secret is shown when it is made, never again: the change page has its last
+    # characters only, and saved with it blank it stays; a new one replaces it.
+    page = client.get(f"/admin/agentrun/webhooksubscription/{sub.pk}/change/")
+    assert page.status_code == 200
+    assert SECRET.encode() not in page.content and SECRET[-4:].encode() in page.content
+    form = {"name": "crm", "url": sub.url, "secret": "", "events": ["*"], "active": "on"}
+    answer = client.post(f"/admin/agentrun/webhooksubscription/{sub.pk}/change/", form)
+    assert answer.status_code == 302, answer.content[:2000]
+    sub.refresh_from_db()
+    assert (sub.secret, sub.events) == (SECRET, ["*"])
+    other = "whsec_" + "A" * 32
+    answer = client.post(
+        f"/admin/agentrun/webhooksubscription/{sub.pk}/change/", {**form, "secret": other}
+    )
+    assert answer.status_code == 302
+    sub.refresh_from_db()
+    assert sub.secret == other
+    bad = client.post(
+        f"/admin/agentrun/webhooksubscription/{sub.pk}/change/",
+        {**form, "secret": "whsec_not base64!"},
+    )
+    assert bad.status_code == 200 and b"Standard Webhooks secret" in bad.content
 
 
 @pytest.mark.django_db

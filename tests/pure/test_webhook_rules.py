@@ -14,6 +14,7 @@ from django_agentrun.webhooks import (
     UrlRefused,
     check,
     headers,
+    pinned,
     problems,
     retry_delay,
     total_seconds,
@@ -117,6 +118,22 @@ def test_check__allowed_by_host_name_or_network():
     assert check("http://lan.test/hook", ["10.0.0.0/8"], resolver=DNS) == ["10.1.2.3"]
     with pytest.raises(UrlRefused):
         check("http://mixed.test/hook", ["10.0.0.0/8"], resolver=DNS)
+
+
+def test_pinned__the_request_goes_to_a_checked_address_under_its_name():
+    # DNS rebinding: the name is not resolved again when the client connects.
+    assert pinned("https://hooks.example.com/in?x=1", ["93.184.216.34"]) == (
+        "https://93.184.216.34/in?x=1",
+        {"host": "hooks.example.com"},
+        {"sni_hostname": "hooks.example.com"},
+    )
+    assert pinned("http://user:pw@hooks.example.com:8080/in", ["2606:2800:220:1::"]) == (
+        "http://user:pw@[2606:2800:220:1::]:8080/in",
+        {"host": "hooks.example.com:8080"},
+        {},
+    )
+    # Allowed by name: connected to by name (what the host's own resolver says).
+    assert pinned("http://local.test/hook", []) == ("http://local.test/hook", {}, {})
 
 
 def test_problems__a_good_subscription_has_none_and_mistakes_are_named():
