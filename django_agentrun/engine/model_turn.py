@@ -414,8 +414,8 @@ def _guard(
     if turn.is_final:
         return ToolCallState.SKIPPED, FINAL_TURN, raw
     if tool is None:
-        agent = step.agent
-        available = ", ".join(agent.tools) if agent and agent.tools else "none"
+        names = [*(step.agent.tools if step.agent else ()), *step.config.mcp_tools]
+        available = ", ".join(names) if names else "none"
         return ToolCallState.ERRORED, f"Unknown tool {name!r}. Available tools: {available}.", raw
     if position >= cap:
         return (
