@@ -20,6 +20,7 @@ import concurrent.futures
 import logging
 import os
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -149,7 +150,7 @@ class Connection:
                         env=self.server.env_now(),
                         cwd=self.server.cwd,
                     )
-                    streams = await stack.enter_async_context(mcp.stdio_client(params))
+                    streams = await stack.enter_async_context(mcp.stdio_client(params, _errlog()))
                 else:
                     from mcp.client.streamable_http import (  # noqa: PLC0415
                         streamable_http_client,
@@ -184,6 +185,18 @@ class Connection:
                 await asyncio.wait_for(holder, 5)
             except BaseException:  # noqa: BLE001 - closing: whatever it ended with
                 holder.cancel()
+
+
+def _errlog() -> Any:
+    """Where a stdio server's stderr goes: this process's (Celery replaces sys.stderr with
+    a proxy that has no file descriptor; the server needs one)."""
+    for stream in (sys.stderr, sys.__stderr__):
+        try:
+            stream.fileno()
+            return stream
+        except (AttributeError, OSError, ValueError):
+            continue
+    return open(os.devnull, "w")  # noqa: SIM115 - for the life of the process
 
 
 def connection(server: MCPServer, headers: dict[str, str]) -> tuple[_Loop, Connection]:

@@ -1,0 +1,228 @@
+"""Tools from real MCP servers (tests/testapp/mcp_server.py, written with the mcp SDK) called
+by real Celery workers, killed with SIGKILL at the failpoints of an MCP call: before it,
+during it (the server reported progress: it runs there), after it returned and before its
+result was written. Then the server's own log is counted: a read-only call is retried, a
+destructive one runs at most once and is settled by its reconcile check or by a person.
+Also: a cancel mid-call reaches the server as MCP's cancellation; a stdio server killed
+mid-run is started again; a streamable HTTP server gets each owner's own credentials and
+its sessions are opened again after it restarts.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from django_agentrun import cancel_run, start_run
+from django_agentrun.mcp import connections
+from django_agentrun.recovery import reap
+from django_agentrun.services import resolve_tool_call
+from django_agentrun.testing.messages_api import Reply, by_step, text, tool_use
+from django_agentrun.testing.processes import http_answers
+from tests.processes import ROOT, free_port, wait_for, wait_resting
+from tests.testapp.mcp_server import calls
+
+pytest.importorskip("mcp")
+
+REFUND = {"order": "o1", "amount_cents": 500}
+
+
+@pytest.fixture(autouse=True)
+def mcp_log(tmp_path, monkeypatch):
+    """The test MCP server's log for this test (every server process, every worker)."""
+    path = tmp_path / "mcp.jsonl"
+    monkeypatch.setenv("AGENTRUN_TEST_MCP_LOG", str(path))
+    connections.close_all()  # this process lists tools with a server of its own
+    yield path
+    connections.close_all()
+
+
+def finish(run, timeout=60):
+    wait_resting(run, timeout=timeout, interval=0.3, before=lambda: reap(stale_after=1))
+
+
+def crash_then_finish(workers, point, agent, first=None):
+    """A worker that dies at `point` while it works a run of `agent`; a fresh worker and the
+    reaper take it from there. The run, at rest."""
+    dying = workers.start(failpoints=f"{point}=crash", AGENTRUN_LEASE_SECONDS="2")
+    run = start_run(agent, "Refund o1 and check the stock.")
+    assert workers.wait_exit(dying, timeout=60) != 0, f"no crash at {point}\n{workers.logs()}"
+    workers.start(AGENTRUN_LEASE_SECONDS="2")
+    finish(run)
+    return run
+
+
+def refund_then_stock():
+    return by_step(
+        [
+            Reply(
+                [
+                    tool_use("refund", REFUND, id="toolu_refund"),
+                    tool_use("stock", {"item": "hat"}, id="toolu_stock"),
+                ]
+            ),
+            Reply([text("Refunded; 3 hats left.")]),
+        ]
+    )
+
+
+# The destructive call (refund, with a reconcile check that reads the server's log by the
+# call's idempotency key) at each failpoint of its call; the read-only one (stock) during
+# its call and after it returned.
+POINTS = {
+    "tool.before_handler@refund": "executed",
+    "mcp.progress@refund": None,  # the server may or may not have got to it
+    "tool.after_handler@refund": "reconciled",
+    "mcp.progress@stock": "executed",
+    "tool.after_handler@stock": "executed",
+}
+
+
+@pytest.mark.parametrize("point", list(POINTS))
+def test_crash_at__an_mcp_call(point, workers, messages_api, settings):
+    settings.AGENTRUN_LEASE_SECONDS = 2
+    messages_api.script = refund_then_stock()
+    run = crash_then_finish(workers, point, "mcp-crash")
+
+    assert run.state == "completed", (run.state, run.error_code, workers.logs())
+    assert not messages_api.script_errors
+    refund = run.tool_calls.get(tool_call_id="toolu_refund")
+    # The destructive call had its effect exactly once: never re-run blindly, a crash
+    # before the server got it re-run after the check found nothing.
+    done = calls("refund")
+    assert len(done) == 1, done
+    assert done[0]["key"] == refund.idempotency_key
+    expected = POINTS[point]
+    if expected is not None and point.endswith("@refund"):
+        assert refund.result_source == expected
+    stock = run.tool_calls.get(tool_call_id="toolu_stock")
+    looked = calls("stock")
+    assert {r["key"] for r in looked} == {stock.idempotency_key}
+    if point.endswith("@stock"):
+        # Read-only: re-run after the crash, on the next worker's own server.
+        assert stock.attempt == 2 and 1 <= len(looked) <= 2
+        assert len({r["pid"] for r in looked}) == len(looked)
+    else:
+        assert len(looked) == 1
+    assert stock.result_source == "executed" and not stock.is_error
+
+
+def test_crash_during__a_destructive_call_without_check__a_person_settles_it(
+    workers, messages_api, settings
+):
+    settings.AGENTRUN_LEASE_SECONDS = 2
+    messages_api.script = refund_then_stock()
+    run = crash_then_finish(workers, "tool.after_handler@refund", "mcp-unchecked")
+
+    assert run.state == "awaiting_approval", (run.state, workers.logs())
+    refund = run.tool_calls.get(tool_call_id="toolu_refund")
+    assert refund.state == "unknown"
+    assert len(calls("refund")) == 1  # it ran; nobody runs it again
+    person = get_user_model().objects.create_user("pat", password="x")
+    resolve_tool_call(refund, by=person, action="done", result="refunded 500 on o1")
+    finish(run)
+    assert run.state == "completed", (run.state, workers.logs())
+    assert len(calls("refund")) == 1
+
+
+def test_cancel__mid_call__reaches_the_server_as_a_cancellation(workers, messages_api, settings):
+    settings.AGENTRUN_LEASE_SECONDS = 2
+    messages_api.script = by_step(
+        [Reply([tool_use("wait", {"seconds": 20}, id="toolu_wait")]), Reply([text("never")])]
+    )
+    workers.start()
+    run = start_run("mcp-crash", "Wait.")
+    wait_for(lambda: calls("wait_started"), timeout=30, message="the call to reach the server")
+    cancel_run(run, reason="enough")
+    wait_resting(run, timeout=20)
+    assert run.state == "cancelled"
+    call = run.tool_calls.get()
+    assert call.state == "cancelled" and call.is_error
+    cancelled = wait_for(lambda: calls("cancelled"), timeout=10, message="the server's cancel")
+    assert cancelled[0]["key"] == call.idempotency_key
+    assert calls("wait") == []  # the server stopped the handler
+
+
+def test_server_killed__mid_call_and_between_calls__started_again(workers, messages_api, settings):
+    settings.AGENTRUN_LEASE_SECONDS = 2
+    messages_api.script = by_step(
+        [
+            Reply([tool_use("wait", {"seconds": 1.5}, id="toolu_wait")]),
+            Reply([tool_use("stock", {"item": "hat"}, id="toolu_stock")]),
+            Reply([text("Done.")]),
+        ]
+    )
+    workers.start(AGENTRUN_LEASE_SECONDS="2")
+    run = start_run("mcp-crash", "Wait, then count.")
+    first = wait_for(lambda: calls("wait_started"), timeout=30, message="the call")[0]
+    os.kill(first["pid"], signal.SIGKILL)  # the worker's stdio server dies mid-call
+    finish(run)
+    assert run.state == "completed", (run.state, workers.logs())
+    started = calls("wait_started")
+    # The outcome of the cut call was unknown: read-only, so re-run on a new server.
+    assert len({r["pid"] for r in started}) == 2
+    assert len(calls("wait")) == 1
+    assert calls("stock")[0]["pid"] == started[-1]["pid"]
+    assert run.tool_calls.get(tool_call_id="toolu_wait").attempt == 2
+
+
+@pytest.fixture
+def http_server(mcp_log, monkeypatch, tmp_path):
+    """The test MCP server over streamable HTTP (uvicorn), at AGENTRUN_TEST_MCP_URL."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/mcp"
+    monkeypatch.setenv("AGENTRUN_TEST_MCP_URL", url)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    procs: list[subprocess.Popen] = []
+
+    def start() -> None:
+        argv = [sys.executable, "-m", "tests.testapp.mcp_server", "--http", str(port)]
+        with open(tmp_path / f"mcp-http-{len(procs)}.log", "w") as log:
+            procs.append(subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=log))
+        wait_for(lambda: http_answers(url), timeout=30, message="the MCP HTTP server")
+
+    def restart() -> None:
+        procs[-1].kill()
+        procs[-1].wait()
+        start()
+
+    start()
+    yield restart
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+def test_http__each_owner_with_their_credentials__sessions_reopened(
+    workers, messages_api, http_server, settings
+):
+    settings.AGENTRUN_LEASE_SECONDS = 2
+    messages_api.script = by_step(
+        [
+            Reply([tool_use("set_flag", {"order": "o1", "flag": "gift"}, id="toolu_flag")]),
+            Reply([text("Flagged.")]),
+        ]
+    )
+    workers.start(AGENTRUN_LEASE_SECONDS="2")
+    users = get_user_model().objects
+    ann, bob = users.create_user("ann", password="x"), users.create_user("bob", password="x")
+    first = start_run("mcp-http", "Flag o1", owner=ann)
+    wait_resting(first)
+    http_server()  # the server restarts: its sessions are gone
+    second = start_run("mcp-http", "Flag o1", owner=bob)
+    wait_resting(second)
+    assert (first.state, second.state) == ("completed", "completed"), workers.logs()
+    flagged = calls("set_flag")
+    assert [r["auth"] for r in flagged] == ["Bearer token-of-ann", "Bearer token-of-bob"]
+    keys = [first.tool_calls.get().idempotency_key, second.tool_calls.get().idempotency_key]
+    assert [r["key"] for r in flagged] == keys
+    # A third run of ann's, on the restarted server: her session is opened again.
+    third = start_run("mcp-http", "Flag o1", owner=ann)
+    wait_resting(third)
+    assert third.state == "completed", workers.logs()
+    assert calls("set_flag")[-1]["auth"] == "Bearer token-of-ann"
