@@ -141,3 +141,25 @@ def test_changed_server__a_run_and_its_conversation_keep_their_snapshot(monkeypa
     fresh = start_run("mcp-crash", "Hi")
     tools = {t["name"]: t for t in fresh.config["tools"]}
     assert "discount" in tools and tools["stock"]["description"].endswith("(v2)")
+
+
+def test_progress__heartbeats_the_call__ticks_on_the_runs_live_stream(stream_redis):
+    import json
+
+    import redis
+
+    from django_agentrun import streams
+
+    client = ScriptedClient(
+        [reply(tool_use("wait", {"seconds": 0.6}, id="toolu_w")), reply(text("Waited."))]
+    )
+    run = start_run("mcp-crash", "Wait")
+    assert drive_last(run, client) == Outcome.FINISHED
+    assert streams.publisher().flush()
+    stored = redis.Redis.from_url(stream_redis).xrange(streams.run_key(run.pk))
+    items = [json.loads(fields[b"d"]) for _, fields in stored]
+    ticks = [i for i in items if i["kind"] == "tool_progress"]
+    assert len(ticks) >= 2, items
+    assert {(t["tool_call_id"], t["tool"]) for t in ticks} == {("toolu_w", "wait")}
+    assert ticks[0]["message"] == "waiting" and ticks[0]["total"] >= 2
+    assert run.tool_calls.get().heartbeat_at is not None

@@ -19,7 +19,6 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from django_agentrun import cancel_run, start_run
-from django_agentrun.mcp import connections
 from django_agentrun.recovery import reap
 from django_agentrun.services import resolve_tool_call
 from django_agentrun.testing.messages_api import Reply, by_step, text, tool_use
@@ -37,9 +36,9 @@ def mcp_log(tmp_path, monkeypatch):
     """The test MCP server's log for this test (every server process, every worker)."""
     path = tmp_path / "mcp.jsonl"
     monkeypatch.setenv("AGENTRUN_TEST_MCP_LOG", str(path))
-    connections.close_all()  # this process lists tools with a server of its own
-    yield path
-    connections.close_all()
+    # This process only lists the server's tools (with a server of its own, kept across
+    # tests): every call is a worker's, on the worker's server.
+    return path
 
 
 def finish(run, timeout=60):
