@@ -25,7 +25,7 @@ from .conf import agentrun_settings
 from .exceptions import ConfigurationError, InvalidOption, UnknownAgent
 from .mcp import MCPServer, snapshot_tools, tool_of_record
 from .runconfig import RunConfig
-from .servertools import ContextStrategy, check_server_tools, context_params
+from .servertools import ContextStrategy, MCPConnector, check_server_tools, context_params
 from .tools import Tool
 
 logger = logging.getLogger(__name__)
@@ -74,7 +74,8 @@ class Agent:
         deadline: timedelta | None = None,
         approval_timeout: timedelta | None = None,
         prompt_caching: bool | None = None,
-        server_tools: list[dict[str, Any]] | tuple[dict[str, Any], ...] = (),
+        server_tools: list[dict[str, Any] | MCPConnector]
+        | tuple[dict[str, Any] | MCPConnector, ...] = (),
         defer_loading: list[str] | tuple[str, ...] = (),
         context_management: ContextStrategy | None = None,
         thinking: str | None = None,
@@ -125,6 +126,12 @@ class Agent:
         self.approval_timeout = approval_timeout
         self.prompt_caching = prompt_caching
         # Run by the API itself (servertools.server_tool); their blocks are never our calls.
+        # The Messages API's MCP connector (MCPConnector): a server tool with a server entry.
+        connectors = [t for t in server_tools if isinstance(t, MCPConnector)]
+        self.mcp_connectors = {c.name: c for c in connectors}
+        if len(self.mcp_connectors) != len(connectors):
+            raise ConfigurationError(f"Agent {name}: two MCP connectors of one name")
+        server_tools = [t.toolset() if isinstance(t, MCPConnector) else t for t in server_tools]
         check_server_tools(name, server_tools, self.tools, defer_loading)
         self.server_tools = [dict(t) for t in server_tools]
         self.defer_loading = frozenset(defer_loading)
@@ -234,6 +241,8 @@ class Agent:
                 continue_on_max_tokens = overrides["continue_on_max_tokens"]
         model = self.model or s.DEFAULT_MODEL
         params = request_options(options, tool_names=list(self.tools), model=model)
+        if self.mcp_connectors:  # tokens are added per request (model_turn), never kept
+            params["mcp_servers"] = [c.server() for c in self.mcp_connectors.values()]
         if self.output_schema is not None:
             params.setdefault("output_config", {})["format"] = {
                 "type": "json_schema",
