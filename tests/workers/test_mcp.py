@@ -57,12 +57,15 @@ def crash_then_finish(workers, point, agent, first=None):
 
 
 def refund_then_stock():
+    """Turn 0: a destructive call, then a read-only and an idempotent one (run together, a
+    batch: both may run again); turn 1 answers."""
     return by_step(
         [
             Reply(
                 [
                     tool_use("refund", REFUND, id="toolu_refund"),
                     tool_use("stock", {"item": "hat"}, id="toolu_stock"),
+                    tool_use("set_flag", {"order": "o1", "flag": "refunded"}, id="toolu_flag"),
                 ]
             ),
             Reply([text("Refunded; 3 hats left.")]),
@@ -71,14 +74,14 @@ def refund_then_stock():
 
 
 # The destructive call (refund, with a reconcile check that reads the server's log by the
-# call's idempotency key) at each failpoint of its call; the read-only one (stock) during
-# its call and after it returned.
+# call's idempotency key) at each failpoint of its call; the read-only one (stock) during its
+# call, the idempotent one (set_flag) after it returned.
 POINTS = {
     "tool.before_handler@refund": "executed",
     "mcp.progress@refund": None,  # the server may or may not have got to it
     "tool.after_handler@refund": "reconciled",
     "mcp.progress@stock": "executed",
-    "tool.after_handler@stock": "executed",
+    "tool.after_handler@set_flag": "executed",
 }
 
 
@@ -99,16 +102,18 @@ def test_crash_at__an_mcp_call(point, workers, messages_api, settings):
     expected = POINTS[point]
     if expected is not None and point.endswith("@refund"):
         assert refund.result_source == expected
-    stock = run.tool_calls.get(tool_call_id="toolu_stock")
-    looked = calls("stock")
-    assert {r["key"] for r in looked} == {stock.idempotency_key}
-    if point.endswith("@stock"):
-        # Read-only: re-run after the crash, on the next worker's own server.
-        assert stock.attempt == 2 and 1 <= len(looked) <= 2
-        assert len({r["pid"] for r in looked}) == len(looked)
-    else:
-        assert len(looked) == 1
-    assert stock.result_source == "executed" and not stock.is_error
+    for name, tool_call_id in (("stock", "toolu_stock"), ("set_flag", "toolu_flag")):
+        call = run.tool_calls.get(tool_call_id=tool_call_id)
+        ran = calls(name)
+        # Every attempt with the call's one key (an idempotent server de-duplicates by it).
+        assert {r["key"] for r in ran} == {call.idempotency_key}, (name, ran)
+        assert call.result_source == "executed" and not call.is_error
+        if point.endswith(f"@{name}"):
+            # Cut during or after its call: re-run, on the next worker's own server.
+            assert call.attempt == 2 and 1 <= len(ran) <= 2, (name, ran)
+            assert len({r["pid"] for r in ran}) == len(ran)
+        elif point.endswith("@refund"):
+            assert len(ran) == 1, (name, ran)  # the crash came before the batch
 
 
 def test_crash_during__a_destructive_call_without_check__a_person_settles_it(
