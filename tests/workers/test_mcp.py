@@ -230,3 +230,29 @@ def test_http__each_owner_with_their_credentials__sessions_reopened(
     wait_resting(third)
     assert third.state == "completed", workers.logs()
     assert calls("set_flag")[-1]["auth"] == "Bearer token-of-ann"
+
+
+def test_progress__on_the_runs_live_stream(workers, messages_api, asgi_server):
+    """The server's progress notifications reach a client of the run's SSE stream (deltas of
+    kind tool_progress), while the call runs in a worker."""
+    from tests import factories
+    from tests.streams import LiveStream
+
+    alice = factories.user("alice")
+    messages_api.script = by_step(
+        [Reply([tool_use("wait", {"seconds": 1.2}, id="toolu_wait")]), Reply([text("Waited.")])]
+    )
+    run = start_run("mcp-crash", "Wait.", owner=alice)
+    live = LiveStream(asgi_server.url, f"/api/agentrun/runs/{run.pk}/stream/", auth=("alice", "pw"))
+    ticks = []
+    for frame in live.frames():
+        if frame.event == "delta" and frame.json.get("kind") == "tool_progress":
+            ticks.append(frame.json)
+        if frame.event == "end":
+            break
+    live.close()
+    wait_resting(run)
+    assert run.state == "completed"
+    assert len(ticks) >= 3, ticks
+    assert {t["tool_call_id"] for t in ticks} == {"toolu_wait"}
+    assert [t["progress"] for t in ticks] == sorted(t["progress"] for t in ticks)
