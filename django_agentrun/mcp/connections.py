@@ -128,7 +128,9 @@ class Connection:
         self._close = asyncio.Event()
         self._holder = asyncio.ensure_future(self._hold(ready, self._close))
         try:
-            self.session = await asyncio.wait_for(asyncio.shield(ready), self.server.timeout)
+            self.session = await asyncio.wait_for(
+                asyncio.shield(ready), self.server.connect_timeout
+            )
         except BaseException:
             self._close.set()
             self._holder.cancel()
@@ -231,7 +233,8 @@ def list_tools(server: MCPServer, headers: dict[str, str]) -> list[dict[str, Any
         return tools
 
     try:
-        return loop.submit(listed()).result(timeout=server.timeout * 2 + PING_SECONDS)
+        wait = server.connect_timeout + server.timeout + PING_SECONDS
+        return loop.submit(listed()).result(timeout=wait)
     except Exception as exc:
         raise ConfigurationError(
             f"MCP server {server.name}: cannot list its tools ({exc})"
@@ -247,11 +250,13 @@ def call_tool(
     meta: dict[str, Any],
     abort: AbortSignal,
     on_progress: Progress | None = None,
+    timeout_is_an_answer: bool = False,
 ) -> dict[str, Any]:
     """`tools/call` on a live session: its result in MCP's wire form. While it is out, a
     cancel (`abort`) cancels the request (the SDK sends `notifications/cancelled`) and
-    raises ToolCancelled; a lost connection or the server's timeout raises
-    ToolOutcomeUnknown (the server may or may not have acted)."""
+    raises ToolCancelled; a lost connection raises ToolOutcomeUnknown (the server may or may
+    not have acted), and so does the server's timeout, unless `timeout_is_an_answer` (a
+    call safe to make again: the model is told it timed out, a ToolError)."""
     loop, conn = connection(server, headers)
     sent = threading.Event()
     mcp = sdk()
@@ -298,6 +303,11 @@ def call_tool(
         except mcp.MCPError as exc:
             if not sent.is_set():
                 raise ToolError(f"MCP server {server.name} is unavailable: {exc}") from exc
+            if timeout_is_an_answer and getattr(exc.error, "code", None) == _REQUEST_TIMEOUT:
+                # The SDK cancelled the request (notifications/cancelled) when it gave up.
+                raise ToolError(
+                    f"MCP tool {name} on {server.name} did not answer within {server.timeout:g} s."
+                ) from exc
             if _is_protocol_refusal(exc):
                 # The server refused the request itself (unknown tool, bad params): it did
                 # not run the tool.
@@ -311,6 +321,9 @@ def call_tool(
             raise ToolOutcomeUnknown(
                 f"MCP tool {name} on {server.name}: connection lost ({exc}); it may have run"
             ) from exc
+
+
+_REQUEST_TIMEOUT = -32001  # the SDK's code for a request it stopped waiting for
 
 
 def _is_protocol_refusal(exc: Any) -> bool:

@@ -49,6 +49,7 @@ class MCPServer:
     headers: Headers | Mapping[str, str] | None = None
     trusted: bool = False
     timeout: float = 60.0
+    connect_timeout: float = 30.0
     include: frozenset[str] | None = None
     exclude: frozenset[str] = frozenset()
     rename: Mapping[str, str] = field(default_factory=dict)
@@ -98,8 +99,8 @@ class MCPServer:
             raise ConfigurationError(f"MCP server {self.name}: an HTTP server needs a url")
         if self.transport not in ("stdio", "http"):
             raise ConfigurationError(f"MCP server {self.name}: transport is stdio or http")
-        if self.timeout <= 0:
-            raise ConfigurationError(f"MCP server {self.name}: timeout must be positive")
+        if self.timeout <= 0 or self.connect_timeout <= 0:
+            raise ConfigurationError(f"MCP server {self.name}: timeouts must be positive")
         for tool_name, override in self.tools.items():
             unknown = set(override) - _OVERRIDES
             if unknown:
@@ -194,15 +195,16 @@ def classify(
 
 def _options(name: str, options: dict[str, Any]) -> dict[str, Any]:
     allowed = {
-        "trusted", "timeout", "include", "exclude", "rename", "tools",
+        "trusted", "timeout", "connect_timeout", "include", "exclude", "rename", "tools",
         "destructive_needs_approval",
     }  # fmt: skip
     unknown = set(options) - allowed
     if unknown:
         raise ConfigurationError(f"MCP server {name}: unknown option(s) {sorted(unknown)}")
     out = dict(options)
-    if isinstance(out.get("timeout"), timedelta):
-        out["timeout"] = out["timeout"].total_seconds()
+    for key in ("timeout", "connect_timeout"):
+        if isinstance(out.get(key), timedelta):
+            out[key] = out[key].total_seconds()
     if out.get("include") is not None:
         out["include"] = frozenset(out["include"])
     if "exclude" in out:

@@ -102,6 +102,8 @@ class MCPTool(Tool):
             meta={META_KEY: ctx.idempotency_key, "progressToken": ctx.idempotency_key},
             abort=ctx.abort,
             on_progress=progress,
+            # Safe to make again: a timeout is the model's to handle, not a person's.
+            timeout_is_an_answer=self.side_effect != SideEffect.NON_IDEMPOTENT,
         )
         content = result_content(result)
         if result.get("isError"):

@@ -14,6 +14,7 @@ from django_agentrun.mcp import MCPServer, classify, connections
 from django_agentrun.states import SideEffect
 from django_agentrun.testing import ScriptedClient, reply, text, tool_use
 from tests.conftest import drive_last
+from tests.processes import wait_for
 from tests.testapp.mcp_server import calls
 
 pytest.importorskip("mcp")
@@ -163,3 +164,15 @@ def test_progress__heartbeats_the_call__ticks_on_the_runs_live_stream(stream_red
     assert {(t["tool_call_id"], t["tool"]) for t in ticks} == {("toolu_w", "wait")}
     assert ticks[0]["message"] == "waiting" and ticks[0]["total"] >= 2
     assert run.tool_calls.get().heartbeat_at is not None
+
+
+def test_timeout__a_read_only_call_is_told_it_timed_out__the_server_is_cancelled():
+    client = ScriptedClient(
+        [reply(tool_use("wait", {"seconds": 5}, id="toolu_w")), reply(text("Too slow."))]
+    )
+    run = start_run("mcp-impatient", "Wait")
+    assert drive_last(run, client) == Outcome.FINISHED
+    call = run.tool_calls.get()
+    assert call.state == "errored" and "did not answer within 0.5 s" in str(call.result)
+    cancelled = wait_for(lambda: calls("cancelled"), timeout=5, message="the server's cancel")
+    assert cancelled[0]["key"] == call.idempotency_key

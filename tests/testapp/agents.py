@@ -337,9 +337,7 @@ def shop(name: str = "shop", **options) -> MCPServer:
         args=["-m", "tests.testapp.mcp_server"],
         env=_mcp_env,
         cwd=str(ROOT),
-        trusted=True,
-        timeout=20,
-        **options,
+        **{"trusted": True, "timeout": 20, **options},
     )
 
 
@@ -363,6 +361,8 @@ Agent(
     mcp_servers=[shop(tools={"refund": {"requires_approval": False}})],
     max_turns=6,
 )
+# Calls answered within half a second, or not at all.
+Agent(name="mcp-impatient", model="claude-sonnet-4-5", mcp_servers=[shop(timeout=0.5)])
 # An untrusted server, filtered and renamed: its tools are all non_idempotent.
 Agent(
     name="mcp-untrusted",

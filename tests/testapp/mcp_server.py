@@ -38,6 +38,7 @@ def record(tool: str, ctx: Context, **data) -> None:
         "key": dict(meta).get("idempotency_key"),
         "pid": os.getpid(),
         "auth": headers.get("authorization"),
+        "version": VERSION,
         **data,
     }
     with open(path, "a") as fh:

@@ -256,3 +256,35 @@ def test_progress__on_the_runs_live_stream(workers, messages_api, asgi_server):
     assert len(ticks) >= 3, ticks
     assert {t["tool_call_id"] for t in ticks} == {"toolu_wait"}
     assert [t["progress"] for t in ticks] == sorted(t["progress"] for t in ticks)
+
+
+def test_changed_server__the_run_keeps_its_snapshot__in_a_prefork_pool(workers, messages_api):
+    """The run's tools were listed when it began (by this process: version 1); the worker's
+    server is version 2 (a new tool, a new description). The model is offered the snapshot's
+    tools on every request, and a call of the new tool is refused here, never sent. The
+    worker is a prefork pool: its child makes its own event loop and server after the fork."""
+    messages_api.script = by_step(
+        [
+            Reply(
+                [
+                    tool_use("stock", {"item": "hat"}, id="toolu_stock"),
+                    tool_use("discount", {"order": "o1"}, id="toolu_discount"),
+                ]
+            ),
+            Reply([text("3 hats.")]),
+        ]
+    )
+    run = start_run("mcp-crash", "How many hats?")
+    assert "discount" not in {t["name"] for t in run.config["tools"]}
+    workers.start(pool="prefork", concurrency=1, AGENTRUN_TEST_MCP_VERSION="2")
+    wait_resting(run)
+    assert run.state == "completed", workers.logs()
+    bodies = messages_api.bodies
+    assert len(bodies) == 2 and bodies[0]["tools"] == bodies[1]["tools"]
+    stock = next(t for t in bodies[1]["tools"] if t["name"] == "stock")
+    assert not stock["description"].endswith("(v2)")
+    discount = run.tool_calls.get(tool_call_id="toolu_discount")
+    assert discount.state == "errored" and "Unknown tool" in str(discount.result)
+    looked = calls("stock")
+    assert [r["key"] for r in looked] == [run.tool_calls.get(name="stock").idempotency_key]
+    assert looked[0]["version"] == "2"  # the server had changed
