@@ -206,7 +206,10 @@ def connection(server: MCPServer, headers: dict[str, str]) -> tuple[_Loop, Conne
     key = (os.getpid(), server.name, tuple(sorted(headers.items())))
     with _lock:
         found = _connections.get(key)
-        if found is None or found.server != server:
+        if found is not None and found.server != server:  # redefined: close the old one
+            loop.submit(found.close())
+            found = None
+        if found is None:
             found = _connections[key] = Connection(server, headers)
     return loop, found
 
@@ -285,52 +288,40 @@ def call_tool(
         return result.model_dump(by_alias=True, mode="json", exclude_none=True)
 
     future = loop.submit(call())
-    while True:
-        try:
-            found = future.result(timeout=_ABORT_POLL)
-            drain()
-            return found
-        except concurrent.futures.TimeoutError:
-            drain()
-            if abort.aborted:
-                future.cancel()  # the SDK sends notifications/cancelled for the request
-                _wait_cancelled(future)
-                raise ToolCancelled(
-                    f"MCP tool {name} on {server.name} cancelled: {abort.reason}"
-                ) from None
-        except concurrent.futures.CancelledError:
-            raise ToolCancelled(f"MCP tool {name} on {server.name} cancelled") from None
-        except mcp.MCPError as exc:
-            if not sent.is_set():
-                raise ToolError(f"MCP server {server.name} is unavailable: {exc}") from exc
-            if timeout_is_an_answer and getattr(exc.error, "code", None) == _REQUEST_TIMEOUT:
-                # The SDK cancelled the request (notifications/cancelled) when it gave up.
-                raise ToolError(
-                    f"MCP tool {name} on {server.name} did not answer within {server.timeout:g} s."
-                ) from exc
-            if _is_protocol_refusal(exc):
-                # The server refused the request itself (unknown tool, bad params): it did
-                # not run the tool.
-                raise ToolError(f"MCP server {server.name} refused the call: {exc}") from exc
-            raise ToolOutcomeUnknown(
-                f"MCP tool {name} on {server.name}: no answer ({exc}); it may have run"
+    # Wait without taking the coroutine's own TimeoutError (a session that did not open in
+    # time) for "not done yet": the future says when it is done.
+    while not concurrent.futures.wait([future], timeout=_ABORT_POLL).done:
+        drain()
+        if abort.aborted:
+            future.cancel()  # the SDK sends notifications/cancelled for the request
+            _wait_cancelled(future)
+            raise ToolCancelled(f"MCP tool {name} on {server.name} cancelled: {abort.reason}")
+    drain()
+    if future.cancelled():
+        raise ToolCancelled(f"MCP tool {name} on {server.name} cancelled")
+    exc = future.exception()
+    if exc is None:
+        return future.result()
+    if not sent.is_set():  # the session never answered a ping: nothing was sent
+        raise ToolError(f"MCP server {server.name} is unavailable: {exc!r}") from exc
+    if isinstance(exc, mcp.MCPError):
+        code = getattr(exc.error, "code", None)
+        if timeout_is_an_answer and code == _REQUEST_TIMEOUT:
+            # The SDK cancelled the request (notifications/cancelled) when it gave up.
+            raise ToolError(
+                f"MCP tool {name} on {server.name} did not answer within {server.timeout:g} s."
             ) from exc
-        except Exception as exc:
-            if not sent.is_set():
-                raise ToolError(f"MCP server {server.name} is unavailable: {exc}") from exc
-            raise ToolOutcomeUnknown(
-                f"MCP tool {name} on {server.name}: connection lost ({exc}); it may have run"
-            ) from exc
+        if code in _REFUSALS:
+            # JSON-RPC's own errors about the request (parse, invalid request, method not
+            # found, invalid params): the server answered without running the tool.
+            raise ToolError(f"MCP server {server.name} refused the call: {exc}") from exc
+    raise ToolOutcomeUnknown(
+        f"MCP tool {name} on {server.name}: no answer ({exc!r}); it may have run"
+    ) from exc
 
 
 _REQUEST_TIMEOUT = -32001  # the SDK's code for a request it stopped waiting for
-
-
-def _is_protocol_refusal(exc: Any) -> bool:
-    # JSON-RPC's own errors about the request (parse, invalid request, method not found,
-    # invalid params): the server answered without running the tool.
-    code = getattr(getattr(exc, "error", None), "code", None)
-    return code in (-32700, -32600, -32601, -32602)
+_REFUSALS = (-32700, -32600, -32601, -32602)
 
 
 def _wait_cancelled(future: concurrent.futures.Future, seconds: float = 2.0) -> None:
