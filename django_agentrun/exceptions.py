@@ -89,6 +89,13 @@ class ToolOutcomeUnknown(ToolCancelled):
     code = "tool_outcome_unknown"
 
 
+class MCPUnavailable(AgentRunError):
+    """An MCP server the agent takes tools from cannot be reached to list them: the run (or
+    conversation) is not started; try again later."""
+
+    code = "mcp_unavailable"
+
+
 class ConfigurationError(AgentRunError):
     """django-agentrun is misconfigured."""
 

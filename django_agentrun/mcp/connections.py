@@ -27,7 +27,13 @@ from collections.abc import Callable
 from typing import Any
 
 from ..abort import AbortSignal
-from ..exceptions import ConfigurationError, ToolCancelled, ToolError, ToolOutcomeUnknown
+from ..exceptions import (
+    ConfigurationError,
+    MCPUnavailable,
+    ToolCancelled,
+    ToolError,
+    ToolOutcomeUnknown,
+)
 from .servers import MCPServer
 
 logger = logging.getLogger(__name__)
@@ -112,9 +118,7 @@ class Connection:
         async with self._opening:
             if self.session is not None and self._holder is not None and not self._holder.done():
                 try:
-                    await asyncio.wait_for(
-                        self.session.send_ping(), min(PING_SECONDS, self.server.timeout)
-                    )
+                    await asyncio.wait_for(self.session.send_ping(), PING_SECONDS)
                     return self.session
                 except Exception:  # noqa: BLE001 - dead or wedged: open another
                     logger.info(
@@ -165,9 +169,9 @@ class Connection:
                         streamable_http_client(self.server.url_now(), http_client=client)
                     )
                 read, write = streams[0], streams[1]
-                session = await stack.enter_async_context(
-                    mcp.ClientSession(read, write, read_timeout_seconds=self.server.timeout)
-                )
+                # No session-wide read timeout: the open is bounded by connect_timeout, each
+                # call by the server's timeout.
+                session = await stack.enter_async_context(mcp.ClientSession(read, write))
                 await session.initialize()
                 ready.set_result(session)
                 await close.wait()
@@ -239,9 +243,7 @@ def list_tools(server: MCPServer, headers: dict[str, str]) -> list[dict[str, Any
         wait = server.connect_timeout + server.timeout + PING_SECONDS
         return loop.submit(listed()).result(timeout=wait)
     except Exception as exc:
-        raise ConfigurationError(
-            f"MCP server {server.name}: cannot list its tools ({exc})"
-        ) from exc
+        raise MCPUnavailable(f"MCP server {server.name}: cannot list its tools ({exc!r})") from exc
 
 
 def call_tool(

@@ -176,3 +176,20 @@ def test_timeout__a_read_only_call_is_told_it_timed_out__the_server_is_cancelled
     assert call.state == "errored" and "did not answer within 0.5 s" in str(call.result)
     cancelled = wait_for(lambda: calls("cancelled"), timeout=5, message="the server's cancel")
     assert cancelled[0]["key"] == call.idempotency_key
+
+
+def test_api__a_server_that_cannot_be_reached__503_nothing_started(monkeypatch):
+    from rest_framework.test import APIClient
+
+    from django_agentrun.models import Run
+    from tests.processes import free_port
+
+    monkeypatch.setenv("AGENTRUN_TEST_MCP_URL", f"http://127.0.0.1:{free_port()}/mcp")
+    client = APIClient()
+    client.force_authenticate(get_user_model().objects.create_user("ann", password="x"))
+    response = client.post(
+        "/api/agentrun/runs/", {"agent": "mcp-http", "input": "Hi"}, format="json"
+    )
+    assert response.status_code == 503, response.content
+    assert response.json()["code"] == "mcp_unavailable"
+    assert not Run.objects.exists()
