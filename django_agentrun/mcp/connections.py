@@ -146,8 +146,8 @@ class Connection:
         """Enter the transport and the session, initialize, then keep them until closed."""
         from contextlib import AsyncExitStack  # noqa: PLC0415
 
-        mcp = sdk()
         try:
+            mcp = sdk()
             async with AsyncExitStack() as stack:
                 if self.server.transport == "stdio":
                     params = mcp.StdioServerParameters(
@@ -220,6 +220,7 @@ def connection(server: MCPServer, headers: dict[str, str]) -> tuple[_Loop, Conne
 
 def list_tools(server: MCPServer, headers: dict[str, str]) -> list[dict[str, Any]]:
     """The server's tools (every page), in MCP's wire form (camelCase keys)."""
+    sdk()  # ConfigurationError, at once, without the package
     loop, conn = connection(server, headers)
 
     async def listed() -> list[dict[str, Any]]:

@@ -85,3 +85,15 @@ def test_record__filters_renames_overrides():
     assert server.record({"name": "secret", "inputSchema": {"type": "object"}}) is None
     with pytest.raises(ConfigurationError, match="rename"):
         server.record({"name": "bad name!", "inputSchema": {"type": "object"}})
+
+
+def test_without_the_mcp_package__the_app_imports__a_server_says_how_to_install_it(
+    monkeypatch,
+):
+    import sys
+
+    from django_agentrun.mcp import connections
+
+    monkeypatch.setitem(sys.modules, "mcp", None)
+    with pytest.raises(ConfigurationError, match=r"django-agentrun\[mcp\]"):
+        connections.list_tools(MCPServer.stdio("shop", "shop-mcp"), {})
