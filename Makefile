@@ -262,11 +262,12 @@ docs: install
 	NO_MKDOCS_2_WARNING=1 $(PYTHON) -m mkdocs build --strict --quiet
 
 # The seed's scenario with real processes; SQLite and a server-less broker unless told otherwise.
-# Its own small virtualenv: the package and what the example project needs, no test tooling.
+# Its own small virtualenv: the package and what the example project needs (the mcp SDK: the
+# demo agent's order system is an MCP server), no test tooling.
 DEMO_VENV ?= .venv-demo
 $(DEMO_VENV)/.installed: pyproject.toml
 	test -x $(DEMO_VENV)/bin/python || python3 -m venv $(DEMO_VENV)
-	$(DEMO_VENV)/bin/python -m pip install -q -e .
+	$(DEMO_VENV)/bin/python -m pip install -q -e ".[mcp]"
 	touch $@
 
 demo: $(DEMO_VENV)/.installed

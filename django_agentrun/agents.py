@@ -23,8 +23,9 @@ from .agent_options import (
 )
 from .conf import agentrun_settings
 from .exceptions import ConfigurationError, InvalidOption, UnknownAgent
+from .mcp import MCPServer, snapshot_tools, tool_of_record
 from .runconfig import RunConfig
-from .servertools import ContextStrategy, check_server_tools, context_params
+from .servertools import ContextStrategy, MCPConnector, check_server_tools, context_params
 from .tools import Tool
 
 logger = logging.getLogger(__name__)
@@ -73,7 +74,8 @@ class Agent:
         deadline: timedelta | None = None,
         approval_timeout: timedelta | None = None,
         prompt_caching: bool | None = None,
-        server_tools: list[dict[str, Any]] | tuple[dict[str, Any], ...] = (),
+        server_tools: list[dict[str, Any] | MCPConnector]
+        | tuple[dict[str, Any] | MCPConnector, ...] = (),
         defer_loading: list[str] | tuple[str, ...] = (),
         context_management: ContextStrategy | None = None,
         thinking: str | None = None,
@@ -91,6 +93,7 @@ class Agent:
         client_options: Iterable[str] = (),
         fair_share_key: Callable[[Any], Any] | None = None,
         max_concurrent_runs: int | None = None,
+        mcp_servers: list[MCPServer] | tuple[MCPServer, ...] = (),
         register: bool = True,
     ) -> None:
         if not name:
@@ -105,6 +108,14 @@ class Agent:
         self.model = model
         self.system = system_blocks(system, f"Agent {name}")
         self.tools = {t.name: t for t in tools}
+        # Tools from MCP servers (mcp/): listed when a run starts, kept in its snapshot.
+        for server in mcp_servers:
+            if not isinstance(server, MCPServer):
+                raise ConfigurationError(f"Agent {name}: {server!r} is not an MCPServer")
+        servers = [s.name for s in mcp_servers]
+        if len(set(servers)) != len(servers):
+            raise ConfigurationError(f"Agent {name}: duplicate MCP server names {servers}")
+        self.mcp_servers = {s.name: s for s in mcp_servers}
         self.max_turns = max_turns
         self.max_tool_calls_per_turn = max_tool_calls_per_turn
         self.max_tokens = max_tokens
@@ -115,6 +126,12 @@ class Agent:
         self.approval_timeout = approval_timeout
         self.prompt_caching = prompt_caching
         # Run by the API itself (servertools.server_tool); their blocks are never our calls.
+        # The Messages API's MCP connector (MCPConnector): a server tool with a server entry.
+        connectors = [t for t in server_tools if isinstance(t, MCPConnector)]
+        self.mcp_connectors = {c.name: c for c in connectors}
+        if len(self.mcp_connectors) != len(connectors):
+            raise ConfigurationError(f"Agent {name}: two MCP connectors of one name")
+        server_tools = [t.toolset() if isinstance(t, MCPConnector) else t for t in server_tools]
         check_server_tools(name, server_tools, self.tools, defer_loading)
         self.server_tools = [dict(t) for t in server_tools]
         self.defer_loading = frozenset(defer_loading)
@@ -176,16 +193,37 @@ class Agent:
     @property
     def waits_for_approvals(self) -> bool:
         """Whether its runs may wait for a person (a tool that may need approval)."""
-        return any(t.requires_approval is not False for t in self.tools.values())
+        return any(t.requires_approval is not False for t in self.tools.values()) or any(
+            callable(o.get("requires_approval")) for s in self.mcp_servers.values()
+            for o in s.tools.values()
+        )  # fmt: skip
+
+    def tool_of(self, config: RunConfig, name: str, run: Any = None) -> Tool | None:
+        """The tool `name` of a run with this configuration: its own, or an MCP server's as
+        the run's snapshot recorded it (None: neither has it any more)."""
+        found = self.tools.get(name)
+        if found is not None:
+            return found
+        record = config.mcp_tools.get(name)
+        return tool_of_record(self.mcp_servers, record, run) if record is not None else None
 
     def run_config(self, overrides: Mapping[str, Any] | None = None) -> RunConfig:
-        """The configuration a run of it with these options has, as the code reads it."""
-        return RunConfig.of(self.snapshot(overrides))
+        """The configuration a run of it with these options has, as the code reads it
+        (without its MCP servers' tools: nothing is listed)."""
+        return RunConfig.of(self.snapshot(overrides, mcp_tools=False))
 
-    def snapshot(self, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    def snapshot(
+        self,
+        overrides: Mapping[str, Any] | None = None,
+        *,
+        owner: Any = None,
+        mcp_tools: bool = True,
+    ) -> dict[str, Any]:
         """The configuration a run keeps, so later code changes don't alter its limits.
 
-        `overrides`: a run's own request options (`RUN_OPTIONS`), checked here (InvalidOption)."""
+        `overrides`: a run's own request options (`RUN_OPTIONS`), checked here (InvalidOption).
+        With `mcp_tools`, its MCP servers' tools are listed now (with `owner`'s headers) and
+        kept: the run sees them as they are now, however the servers change."""
         s = agentrun_settings
         options = dict(self.options)
         continue_on_max_tokens = self.continue_on_max_tokens
@@ -203,12 +241,20 @@ class Agent:
                 continue_on_max_tokens = overrides["continue_on_max_tokens"]
         model = self.model or s.DEFAULT_MODEL
         params = request_options(options, tool_names=list(self.tools), model=model)
+        if self.mcp_connectors:  # tokens are added per request (model_turn), never kept
+            params["mcp_servers"] = [c.server() for c in self.mcp_connectors.values()]
         if self.output_schema is not None:
             params.setdefault("output_config", {})["format"] = {
                 "type": "json_schema",
                 "schema": self.output_schema,
             }
+        remote = (
+            snapshot_tools(self.name, self.mcp_servers.values(), self.tools, owner)
+            if mcp_tools and self.mcp_servers
+            else {}
+        )
         tools = [t.definition() for t in self.tools.values()]
+        tools += [dict(r["definition"]) for r in remote.values()]
         if self.strict_tools:
             tools = [strict_tool(t) for t in tools]
         return {
@@ -223,7 +269,11 @@ class Agent:
             ],
             "options": params,
             "continue_on_max_tokens": continue_on_max_tokens,
-            "side_effects": {t.name: str(t.side_effect) for t in self.tools.values()},
+            "side_effects": {
+                **{t.name: str(t.side_effect) for t in self.tools.values()},
+                **{name: r["side_effect"] for name, r in remote.items()},
+            },
+            "mcp_tools": remote,
             "max_turns": self.max_turns or s.DEFAULT_MAX_TURNS,
             "max_tool_calls_per_turn": self.max_tool_calls_per_turn
             or s.DEFAULT_MAX_TOOL_CALLS_PER_TURN,
@@ -235,7 +285,9 @@ class Agent:
             if self.prompt_caching is None
             else self.prompt_caching,
             # The cache outlives a wait for a person: 1 hour where a tool may need approval.
-            "cache_ttl": "1h" if self.waits_for_approvals else "5m",
+            "cache_ttl": "1h"
+            if self.waits_for_approvals or any(r["requires_approval"] for r in remote.values())
+            else "5m",
             "context_management": self._context_params,
             # resume_run starts the agent's time limit over when a resumed run had passed it.
             "deadline_seconds": self.deadline.total_seconds() if self.deadline else None,
@@ -295,6 +347,18 @@ def _named_key(function: Callable[[Any], Any], run: Any, what: str) -> str | Non
         return None
     key = "" if key is None else str(key)
     return key[:SHARE_KEY_LENGTH] or None
+
+
+def run_tool(
+    run: Any, name: str, *, agent: Agent | None = None, config: RunConfig | None = None
+) -> Tool | None:
+    """The tool `name` of `run` (the engine's, the decisions' and the surfaces' one lookup):
+    its agent's own tool, or an MCP tool from the run's snapshot; None when neither has it.
+    `agent`, `config`: the run's, when the caller has them (else looked up)."""
+    agent = agent if agent is not None else _registry.get(run.agent)
+    if agent is None:
+        return None
+    return agent.tool_of(config if config is not None else RunConfig.of(run.config), name, run)
 
 
 def get_agent(name: str) -> Agent:

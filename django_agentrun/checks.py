@@ -479,3 +479,23 @@ def check_tool_side_effects(app_configs: Any = None, **kwargs: Any) -> list:
             id="agentrun.W005",
         )
     ]
+
+
+@checks.register()
+def check_mcp(app_configs: Any = None, **kwargs: Any) -> list:
+    """An agent with MCP servers needs the mcp package (imported only when a server is met)."""
+    import importlib.util
+
+    from .agents import registered_agents
+
+    agents = sorted(a.name for a in registered_agents().values() if a.mcp_servers)
+    if not agents or importlib.util.find_spec("mcp") is not None:
+        return []
+    return [
+        checks.Error(
+            f"Agents {', '.join(agents)} take tools from MCP servers, but the mcp package is "
+            "not installed: their runs cannot start.",
+            hint="pip install 'django-agentrun[mcp]'",
+            id="agentrun.E060",
+        )
+    ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class AgentRunError(Exception):
     """django-agentrun error."""
@@ -61,15 +63,37 @@ class InvalidToken(ApprovalError):
 
 
 class ToolError(AgentRunError):
-    """Raise from a tool handler to return an is_error result with this message to the model."""
+    """Raise from a tool handler to return an is_error result with this message to the model.
+
+    `content`: what the model reads instead of the message (a ToolResult, or a JSON value),
+    e.g. an MCP server's own error result."""
 
     code = "tool_error"
+
+    def __init__(self, message: str = "", *, content: Any = None) -> None:
+        super().__init__(message)
+        self.content = content
 
 
 class ToolCancelled(AgentRunError):
     """The tool was cancelled (the run was cancelled or timed out)."""
 
     code = "tool_cancelled"
+
+
+class ToolOutcomeUnknown(ToolCancelled):
+    """The handler cannot tell whether its effect happened (an MCP server's connection was
+    lost while the call was out): nothing is recorded, the call stays in flight, and the
+    recovery policy of its side-effect class applies, as after a crash."""
+
+    code = "tool_outcome_unknown"
+
+
+class MCPUnavailable(AgentRunError):
+    """An MCP server the agent takes tools from cannot be reached to list them: the run (or
+    conversation) is not started; try again later."""
+
+    code = "mcp_unavailable"
 
 
 class ConfigurationError(AgentRunError):

@@ -34,6 +34,7 @@ RUN_POINTS: dict[str, str] = {
 POINTS: dict[str, str] = {
     **RUN_POINTS,
     "webhook.before_send": "a worker took a committed webhook delivery, nothing sent yet",
+    "mcp.progress": "an MCP tool call is out and its server reported progress (it runs there)",
 }
 
 _parsed: tuple[str, dict[str, str]] = ("", {})

@@ -43,6 +43,8 @@ class RunConfig:
     context_management: dict[str, Any] | None = None
     continue_on_max_tokens: bool = False
     side_effects: dict[str, str] = field(default_factory=dict)
+    # The tools of its agent's MCP servers as listed when it began: name -> record (mcp/).
+    mcp_tools: dict[str, dict[str, Any]] = field(default_factory=dict)
     deadline_seconds: float | None = None
     # Whether the snapshot says the agent's time limit (runs snapshotted before it was
     # kept do not: their agent as registered now says it).
@@ -72,6 +74,7 @@ class RunConfig:
             context_management=stored.get("context_management"),
             continue_on_max_tokens=bool(stored.get("continue_on_max_tokens")),
             side_effects=stored.get("side_effects") or {},
+            mcp_tools=stored.get("mcp_tools") or {},
             deadline_seconds=stored.get("deadline_seconds"),
             deadline_snapshotted="deadline_seconds" in stored,
             approval_timeout_seconds=stored.get("approval_timeout_seconds"),

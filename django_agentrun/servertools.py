@@ -64,8 +64,15 @@ SERVER_RESULT_TYPES: Mapping[str, frozenset[str]] = {
     "tool_search_tool_bm25": frozenset({"tool_search_tool_result"}),
 }
 
+# The Messages API's MCP connector (servers the API calls itself): its blocks.
+MCP_CONNECTOR_BLOCK_TYPES = frozenset({"mcp_tool_use", "mcp_tool_result"})
+
 # Content block types of server tools: recorded and sent back, never executed here.
-SERVER_BLOCK_TYPES = frozenset({"server_tool_use"}).union(*SERVER_RESULT_TYPES.values())
+SERVER_BLOCK_TYPES = (
+    frozenset({"server_tool_use"})
+    .union(*SERVER_RESULT_TYPES.values())
+    .union(MCP_CONNECTOR_BLOCK_TYPES)
+)
 
 
 def server_tool_uses(content: Iterable[Mapping[str, Any]] | None) -> list[dict[str, Any]]:
@@ -108,7 +115,70 @@ def server_tool(type: str, **options: Any) -> dict[str, Any]:  # noqa: A002 - th
 
 
 def is_server_tool(definition: Mapping[str, Any]) -> bool:
-    return definition.get("type") in SERVER_TOOLS
+    return definition.get("type") in SERVER_TOOLS or definition.get("type") == "mcp_toolset"
+
+
+@dataclass(frozen=True)
+class MCPConnector:
+    """An MCP server the Messages API calls itself (its MCP connector): a server tool.
+
+    In `Agent(server_tools=[MCPConnector("docs", "https://...")])`. Each request carries the
+    server in `mcp_servers` and an `mcp_toolset` in `tools`, with the beta header
+    `mcp-client-2025-11-20` (https://platform.claude.com/docs/en/agents-and-tools/mcp-connector:
+    "This feature requires the beta header"; the deprecated `mcp-client-2025-04-04` took the
+    tool configuration inside `mcp_servers`). The answer's `mcp_tool_use` and
+    `mcp_tool_result` blocks are recorded as returned and sent back unchanged: the API ran
+    the call, this app never does. `authorization_token`: a string, or a function of the
+    run's owner returning that owner's token; it is put in each request, never stored in the
+    run's snapshot. `default_config` and `configs` are the toolset's own keys (enabled,
+    defer_loading)."""
+
+    name: str
+    url: str
+    authorization_token: str | Any = None
+    default_config: Mapping[str, Any] | None = None
+    configs: Mapping[str, Mapping[str, Any]] | None = None
+
+    beta = "mcp-client-2025-11-20"
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.url.startswith("https://"):
+            raise ConfigurationError(
+                f"MCPConnector {self.name!r}: a name, and a URL starting with https:// "
+                "(the API calls it)"
+            )
+
+    def toolset(self) -> dict[str, Any]:
+        """Its entry in the request's `tools`."""
+        entry: dict[str, Any] = {"type": "mcp_toolset", "mcp_server_name": self.name}
+        if self.default_config:
+            entry["default_config"] = dict(self.default_config)
+        if self.configs:
+            entry["configs"] = {k: dict(v) for k, v in self.configs.items()}
+        return entry
+
+    def server(self) -> dict[str, Any]:
+        """Its entry in the request's `mcp_servers`, without the token (as a run keeps it)."""
+        return {"type": "url", "url": self.url, "name": self.name}
+
+    def token_for(self, owner: Any) -> str | None:
+        token = self.authorization_token
+        return token(owner) if callable(token) else token
+
+
+def connector_servers(
+    servers: list[Mapping[str, Any]], connectors: Mapping[str, MCPConnector], owner: Any
+) -> list[dict[str, Any]]:
+    """A request's `mcp_servers` (as a run keeps them) with each owner's token filled in."""
+    out = []
+    for server in servers:
+        entry = dict(server)
+        connector = connectors.get(str(entry.get("name")))
+        token = connector.token_for(owner) if connector is not None else None
+        if token:
+            entry["authorization_token"] = token
+        out.append(entry)
+    return out
 
 
 def is_tool_search(definition: Mapping[str, Any]) -> bool:
@@ -210,7 +280,9 @@ def check_server_tools(
             raise ConfigurationError(
                 f"Agent {agent}: {definition!r} is not a server tool; use server_tool(type, ...)"
             )
-        server_tool(**definition)
+        if definition.get("type") != "mcp_toolset":
+            server_tool(**definition)
+    names = [n for d, n in zip(definitions, names, strict=True) if d.get("type") != "mcp_toolset"]
     clash = (set(names) & own) | {n for n in names if names.count(n) > 1}
     if clash:
         raise ConfigurationError(f"Agent {agent}: duplicate tool names {sorted(clash)}")

@@ -18,11 +18,16 @@ from ..models import Run
 from ..services.runs import request_digest
 from .schema import BODY_ERRORS, REUSED_KEY
 
+MCP_UNAVAILABLE = (
+    "An MCP server the agent takes tools from could not be reached to list them "
+    "(`mcp_unavailable`): nothing was started; try again later."
+)
 START_ERRORS = {
     400: f"{BODY_ERRORS} An option the agent does not let clients set (`invalid`, "
     "`errors.options`).",
     403: "The agent's `api_start` rule does not let you start it (`permission_denied`).",
     422: REUSED_KEY,
+    503: MCP_UNAVAILABLE,
 }
 # The request fields a replay of an idempotency key must repeat (the deadline as sent).
 START_FIELDS = ("agent", "input", "metadata", "correlation_id", "deadline", "options", "context")

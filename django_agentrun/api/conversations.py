@@ -97,7 +97,7 @@ class ConversationViewSet(
         ),
         request=s.ConversationCreateSerializer,
         responses={201: s.ConversationDetailSerializer},
-        errors={403: NOT_STARTABLE},
+        errors={403: NOT_STARTABLE, 503: controls.MCP_UNAVAILABLE},
     )
     def create(self, request: Request) -> Response:
         body = s.ConversationCreateSerializer(data=request.data)

@@ -33,6 +33,7 @@ from ..exceptions import (
     InvalidInput,
     InvalidToken,
     InvalidTransition,
+    MCPUnavailable,
     UnknownAgent,
 )
 from ..services import lost_race
@@ -49,6 +50,8 @@ ERROR_STATUS: dict[type[AgentRunError], int] = {
     ConcurrentUpdate: status.HTTP_409_CONFLICT,
     # A key replayed with another body, as payment APIs answer it.
     IdempotencyConflict: status.HTTP_422_UNPROCESSABLE_ENTITY,
+    # An MCP server the agent lists its tools from did not answer: try again later.
+    MCPUnavailable: status.HTTP_503_SERVICE_UNAVAILABLE,
 }
 
 

@@ -358,6 +358,13 @@ class Following:
                     self.need_db = True
                     self.nudged = max(self.nudged, at)
                 continue
+            if item.get("kind") == "tool_progress":
+                # A tool call's progress (an MCP server's notification): ephemeral, of a call
+                # whose turn is committed; sent as it comes, to readers of the run it is in.
+                if self.cursor[0] <= position <= self.frontier:
+                    yield from self.fmt.delta(item)
+                    self.last_output = self.loop.time()
+                continue
             if self.nudged > self.cursor:
                 self.held.append((entry_id, item))
                 self.need_db = True

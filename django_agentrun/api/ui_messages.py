@@ -132,6 +132,10 @@ class UIMessageFormat:
 
     def _delta(self, d: dict[str, Any]) -> list[dict[str, Any]]:
         kind, turn = d.get("kind"), d.get("turn", 0)
+        if kind == "tool_progress":  # an MCP server's progress on a call: transient data
+            keys = ("tool_call_id", "tool", "progress", "total", "message")
+            data = {k: d.get(k) for k in keys}
+            return [{"type": "data-agentrun-tool-progress", "data": data, "transient": True}]
         if kind == "attempt":
             chunks = self._step()
             if d.get("restart"):

@@ -17,6 +17,7 @@ from anthropic.types import TextBlockParam, TextCitationParam, ToolUseBlockParam
 from .. import telemetry
 from ..abort import AbortSignal
 from ..conf import agentrun_settings
+from ..servertools import MCPConnector
 from . import caching
 from . import governor as _governor
 from .base import (
@@ -193,8 +194,8 @@ class AnthropicModelClient:
         remove = abort.add_callback(handle.cut)
         stream = None
         messages = self.client.messages
-        if "context_management" in params:
-            messages = self.client.beta.messages  # a beta in SDK 2.16
+        if "context_management" in params or "mcp_servers" in params:
+            messages = self.client.beta.messages  # betas in SDK 2.16
         try:
             with messages.stream(**params) as stream:
                 handle.attach(stream.response)
@@ -298,6 +299,9 @@ class AnthropicModelClient:
         params.update({key: value for key, value in optional.items() if value})
         for key, value in request.options.items():
             params.setdefault(key, value)  # what the engine set for this request wins
+        if params.get("mcp_servers"):
+            # The MCP connector is a beta (servertools.MCPConnector cites the docs).
+            params["betas"] = [*params.get("betas", ()), MCPConnector.beta]
         return params
 
     def _model_error(self, exc: Exception, stream: Any) -> Exception:

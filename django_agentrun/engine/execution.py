@@ -244,7 +244,12 @@ def _invoke(step: Step, tool: Tool, call: ToolCall) -> CallEnding:
     except InvalidContent as exc:  # e.g. a ToolResult with a bad block: the handler's bug
         return _executed(ToolCallState.ERRORED, bad_result(call, exc), True)
     except ToolError as exc:
-        return _executed(ToolCallState.ERRORED, str(exc), True)
+        if exc.content is None:
+            return _executed(ToolCallState.ERRORED, str(exc), True)
+        try:
+            return _executed(ToolCallState.ERRORED, stored_result(exc.content), True)
+        except InvalidContent as bad:
+            return _executed(ToolCallState.ERRORED, bad_result(call, bad), True)
     except Exception as exc:  # noqa: BLE001 - a tool bug becomes an is_error result
         stopping = stopping_cause(exc)
         if stopping is not None:

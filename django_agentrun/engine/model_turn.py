@@ -28,6 +28,7 @@ from ..events import payloads
 from ..exceptions import stopping_cause
 from ..failpoints import failpoint
 from ..models import ToolCall, Turn, idempotency_key_for
+from ..servertools import connector_servers
 from ..states import TOOL_CALL_CLOSED, ResultSource, SideEffect, ToolCallState, TurnState
 from ..store import Write
 from ..tools import ToolArgumentsError, arguments_hash
@@ -106,6 +107,10 @@ def request(step: Step, turn: Turn) -> ModelRequest:
     )
     options = dict(config.options)
     tool_choice = options.pop("tool_choice", None)
+    if "mcp_servers" in options:  # the MCP connector: each owner's token, never stored
+        connectors = step.agent.mcp_connectors if step.agent is not None else {}
+        owner = run.owner if run.owner_id is not None else None
+        options["mcp_servers"] = connector_servers(options["mcp_servers"], connectors, owner)
     if records and records[-1].cut_off:
         add_user(messages, user_message(CONTINUE_NOTICE))  # continue_on_max_tokens
     elif messages[-1]["role"] == "assistant" and not _continued(records):
@@ -414,8 +419,8 @@ def _guard(
     if turn.is_final:
         return ToolCallState.SKIPPED, FINAL_TURN, raw
     if tool is None:
-        agent = step.agent
-        available = ", ".join(agent.tools) if agent and agent.tools else "none"
+        names = [*(step.agent.tools if step.agent else ()), *step.config.mcp_tools]
+        available = ", ".join(names) if names else "none"
         return ToolCallState.ERRORED, f"Unknown tool {name!r}. Available tools: {available}.", raw
     if position >= cap:
         return (

@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from .. import failpoints, signals, streams, transitions
 from ..abort import LEASE_UNRENEWED, AbortSignal
-from ..agents import Agent
+from ..agents import Agent, run_tool
 from ..catalog import Prices, model_info
 from ..clients import ModelClient, get_model_client
 from ..conf import agentrun_settings
@@ -163,8 +163,11 @@ class Step:
         return [c for t in self.turns for c in self.calls_of(t)]
 
     def tool(self, name: str) -> Tool | None:
-        """The agent's tool of that name (None: no longer defined, or the agent is gone)."""
-        return self.agent.tools.get(name) if self.agent else None
+        """The run's tool of that name: the agent's own, or an MCP server's as the run's
+        snapshot has it (agents.run_tool; None: no longer defined, or the agent is gone)."""
+        if self.agent is None:
+            return None
+        return run_tool(self.run, name, agent=self.agent, config=self.config)
 
     def write(self) -> Write:
         """A new write of this run under the lease."""

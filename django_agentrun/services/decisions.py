@@ -10,7 +10,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from .. import store, telemetry, transitions
-from ..agents import get_agent
+from ..agents import get_agent, run_tool
 from ..content import stored_result
 from ..events import EventType, payloads
 from ..exceptions import ApprovalError, InvalidArguments, InvalidTransition
@@ -87,7 +87,7 @@ def approve_tool_call(
         fields: dict[str, Any] = {"approved": True, **_decided(by, note)}
         edited = None
         if arguments is not None:
-            tool = get_agent(run.agent).tools.get(call.name)
+            tool = run_tool(run, call.name, agent=get_agent(run.agent))
             if tool is None:
                 raise ApprovalError(f"Tool {call.name} is no longer defined by agent {run.agent}.")
             try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..agents import registered_agents
+from ..agents import run_tool
 from ..runconfig import RunConfig
 
 
@@ -15,8 +15,7 @@ def tool_definition(run: Any, name: str) -> dict[str, Any]:
     for definition in RunConfig.of(run.config).tools:
         if isinstance(definition, dict) and definition.get("name") == name:
             return definition
-    agent = registered_agents().get(run.agent)
-    tool = agent.tools.get(name) if agent is not None else None
+    tool = run_tool(run, name)
     return tool.definition() if tool is not None else {}
 
 

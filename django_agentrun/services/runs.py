@@ -87,7 +87,7 @@ def run_config(
     owner). InvalidInput for a bad option, OptionRefused for one the model refuses."""
     if options is not None and not isinstance(options, dict):
         raise InvalidOption("options must be a JSON object.")
-    config = agent.snapshot(options)
+    config = agent.snapshot(options, owner=owner)
     check_refusals(config, f"Agent {agent.name}")
     user_id = owner_user_id(owner)
     if user_id is not None:

@@ -12,7 +12,7 @@ from .cursor import (
     parse_conversation_cursor,
     parse_run_cursor,
 )
-from .publisher import TurnStream, notify, publisher, turn_stream
+from .publisher import TurnStream, notify, progress, publisher, turn_stream
 
 __all__ = [
     "InvalidCursor",
@@ -22,6 +22,7 @@ __all__ = [
     "notify",
     "parse_conversation_cursor",
     "parse_run_cursor",
+    "progress",
     "publisher",
     "redis_url",
     "run_key",

@@ -176,6 +176,15 @@ def notify(run: Any, seq: int) -> None:
             pub.put(key, {"kind": "commit", "seq": seq, **tags})
 
 
+def progress(run: Any, item: dict[str, Any]) -> None:
+    """A tool call's progress tick (an MCP progress notification) on `run`'s live streams
+    (`kind` tool_progress): ephemeral, as deltas are; the call's result is the record."""
+    pub = publisher()
+    if pub is not None:
+        for key, tags in keys_of(run):
+            pub.put(key, {"kind": "tool_progress", **item, **tags})
+
+
 class TurnStream:
     """Where the deltas of one turn's answer go: `attempt(n)` marks the start of a model
     attempt (a retry, or another worker asking again after a crash, starts the turn's

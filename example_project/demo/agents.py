@@ -4,12 +4,18 @@
 asks); `send_customer_message` is the seed's dangerous tool: `non_idempotent` (a retry
 would deliver a second message), with a `reconcile` check that asks the provider
 whether it already accepted a message with this call's idempotency key, which is
-sent as the provider's client reference.
+sent as the provider's client reference. `order_status` comes from the order system's
+MCP server (mcp_server.py, started over stdio; trusted, so its read-only annotation makes
+the tool `read_only`).
 """
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 from django_agentrun import Agent, Budget, Reconciliation, SideEffect, ToolContext, tool
+from django_agentrun.mcp import MCPServer
 
 from .provider import Helpdesk, MessagingProvider, Payments
 
@@ -66,11 +72,17 @@ def issue_refund(ctx: ToolContext, order_id: str, amount_cents: int, reason: str
     return {"refund_id": refund["refund_id"], "order_id": order_id, "amount_cents": amount_cents}
 
 
+# The order system, as an MCP server the worker starts (tools from MCP servers: the how-to).
+ORDERS = MCPServer.stdio(
+    "orders", sys.executable, args=[str(Path(__file__).with_name("mcp_server.py"))], trusted=True
+)
+
 support_agent = Agent(
     name=AGENT_NAME,
     model="claude-sonnet-5-5",
     system=SYSTEM,
     tools=[send_customer_message, log_ticket, issue_refund],
+    mcp_servers=[ORDERS],
     max_turns=6,
     max_tokens=1024,
     budget=Budget(max_cost_usd=0.50),

@@ -16,6 +16,7 @@ from .agents import CUSTOMER, TICKET_ID
 
 SEND_ID = "toolu_demo_01_send_message"
 LOG_ID = "toolu_demo_02_log_ticket"
+STATUS_ID = "toolu_demo_02_order_status"
 
 BODY = (
     "Hi Ada, sorry for the wait: your keyboard (order A-1001) is held at ParcelCo's hub "
@@ -40,7 +41,8 @@ def _recorded_message_id(request: ModelRequest) -> str:
 
 
 def demo_reply(request: ModelRequest) -> Reply:
-    """Step 0: send the message; step 1: log the ticket with its id; step 2: summarize."""
+    """Step 0: send the message; step 1: check the order (MCP) and log the ticket with the
+    message's id; step 2: summarize."""
     step = sum(1 for m in request.messages if m["role"] == "assistant")
     if step == 0:
         return Reply(
@@ -54,11 +56,13 @@ def demo_reply(request: ModelRequest) -> Reply:
         summary = "Told the customer the order is delayed at ParcelCo; new delivery date Friday."
         return Reply(
             [
+                # The order system's MCP server (read-only), then the helpdesk.
+                tool_use("order_status", {"order_id": "A-1001"}, id=STATUS_ID),
                 tool_use(
                     "log_ticket",
                     {"ticket_id": TICKET_ID, "summary": summary, "message_id": message_id},
                     id=LOG_ID,
-                )
+                ),
             ]
         )
     return Reply(

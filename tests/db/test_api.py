@@ -646,6 +646,7 @@ def test_error_status__covers_every_error_the_api_services_raise():
         exceptions.InvalidArguments,
         exceptions.InvalidToken,
         exceptions.ConcurrentUpdate,
+        exceptions.MCPUnavailable,
     }
     assert all(status_for(e()) is not None for e in refusals)
     assert set(ERROR_STATUS) <= refusals

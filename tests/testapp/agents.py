@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -25,6 +26,7 @@ from django_agentrun import (
     tool,
 )
 from django_agentrun.content import image_block
+from django_agentrun.mcp import MCPServer
 from tests.mediafiles import png
 
 
@@ -302,3 +304,94 @@ Agent(name="late-payments", model="claude-sonnet-4-5", tools=[pay_during], max_t
 def tenant_of(run):
     """A host's AGENTRUN_FAIR_SHARE_KEY (tests/db/test_governor.py)."""
     return f"host:{run.metadata.get('tenant', '-')}"
+
+
+# Tools from a real MCP server (tests/testapp/mcp_server.py, written with the mcp SDK): over
+# stdio, started by each process that lists or calls its tools; over streamable HTTP at the
+# URL a test names (AGENTRUN_TEST_MCP_URL), with the run owner's own credentials.
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _mcp_env() -> dict[str, str]:
+    return {
+        "PYTHONPATH": str(ROOT),
+        "AGENTRUN_TEST_MCP_LOG": os.environ.get("AGENTRUN_TEST_MCP_LOG", ""),
+        "AGENTRUN_TEST_MCP_VERSION": os.environ.get("AGENTRUN_TEST_MCP_VERSION", "1"),
+    }
+
+
+def _refunded(ctx: ToolContext, order: str, amount_cents: int) -> Reconciliation:
+    """Whether the MCP server refunded under this call's idempotency key (its own log)."""
+    from tests.testapp.mcp_server import calls
+
+    for row in calls("refund"):
+        if row["key"] == ctx.idempotency_key:
+            return Reconciliation.done(f"refunded {amount_cents} on {order}")
+    return Reconciliation.not_done()
+
+
+def shop(name: str = "shop", **options) -> MCPServer:
+    return MCPServer.stdio(
+        name,
+        sys.executable,
+        args=["-m", "tests.testapp.mcp_server"],
+        env=_mcp_env,
+        cwd=str(ROOT),
+        **{"trusted": True, "timeout": 20, **options},
+    )
+
+
+def _owner_token(owner) -> dict[str, str]:
+    return {"Authorization": f"Bearer token-of-{getattr(owner, 'username', None) or 'nobody'}"}
+
+
+# Refunds need a person (the server marks refund destructive).
+Agent(name="mcp-shop", model="claude-sonnet-4-5", mcp_servers=[shop()], max_turns=6)
+# The crash matrix: refunds without approval, reconciled from the server's own log.
+Agent(
+    name="mcp-crash",
+    model="claude-sonnet-4-5",
+    mcp_servers=[shop(tools={"refund": {"requires_approval": False, "reconcile": _refunded}})],
+    max_turns=6,
+)
+# Refunds without approval or a reconcile check: an unknown outcome goes to a person.
+Agent(
+    name="mcp-unchecked",
+    model="claude-sonnet-4-5",
+    mcp_servers=[shop(tools={"refund": {"requires_approval": False}})],
+    max_turns=6,
+)
+# Calls answered within half a second, or not at all.
+Agent(name="mcp-impatient", model="claude-sonnet-4-5", mcp_servers=[shop(timeout=0.5)])
+# An untrusted server, filtered and renamed: its tools are all non_idempotent.
+Agent(
+    name="mcp-untrusted",
+    model="claude-sonnet-4-5",
+    mcp_servers=[
+        MCPServer.stdio(
+            "shop",
+            sys.executable,
+            args=["-m", "tests.testapp.mcp_server"],
+            env=_mcp_env,
+            cwd=str(ROOT),
+            include=["stock", "refund", "chart", "broken"],
+            rename={"stock": "shop_stock"},
+        )
+    ],
+    max_turns=6,
+)
+Agent(
+    name="mcp-http",
+    model="claude-sonnet-4-5",
+    mcp_servers=[
+        MCPServer.http(
+            "shop",
+            lambda: os.environ.get("AGENTRUN_TEST_MCP_URL", "http://127.0.0.1:9/mcp"),
+            headers=_owner_token,
+            trusted=True,
+            timeout=20,
+            tools={"refund": {"requires_approval": False}},
+        )
+    ],
+    max_turns=6,
+)

@@ -107,7 +107,7 @@ def events(
             deltas = [
                 {"type": "text_delta", "text": c} for c in _chunks(block["text"], reply.chunk_size)
             ]
-        elif kind in ("tool_use", "server_tool_use"):
+        elif kind in ("tool_use", "server_tool_use", "mcp_tool_use"):
             start = {**block, "input": {}}
             payload = json.dumps(block.get("input") or {})
             if index == cut:

@@ -65,6 +65,20 @@ def server_tool_use(
     return block
 
 
+def mcp_tool(
+    server: str, name: str, input: dict[str, Any], result: str, *, is_error: bool = False
+) -> list[dict[str, Any]]:
+    """A call of the Messages API's MCP connector as the API returns it: its `mcp_tool_use`
+    and `mcp_tool_result` blocks (the API ran it on `server`)."""
+    use = {"type": "mcp_tool_use", "name": name, "server_name": server, "input": dict(input)}
+    answer = {
+        "type": "mcp_tool_result",
+        "is_error": is_error,
+        "content": [{"type": "text", "text": result}],
+    }
+    return [use, answer]
+
+
 def web_search(query: str, results: list[tuple[str, str]] = ()) -> list[dict[str, Any]]:
     """A web search as the API returns it: its server_tool_use and its result block, with
     `results` as (url, title) pairs."""
@@ -105,6 +119,7 @@ def code_execution(code: str, stdout: str = "", return_code: int = 0) -> list[di
 
 _SERVER_RESULTS = frozenset(
     {
+        "mcp_tool_result",
         "web_search_tool_result",
         "web_fetch_tool_result",
         "code_execution_tool_result",
@@ -184,6 +199,9 @@ class Reply:
                 block["id"] = new_id("toolu_")
             if block.get("type") == "server_tool_use":
                 block.setdefault("id", new_id("srvtoolu_"))
+                last_server_id = block["id"]
+            if block.get("type") == "mcp_tool_use":
+                block.setdefault("id", new_id("mcptoolu_"))
                 last_server_id = block["id"]
             if block.get("type") in _SERVER_RESULTS and not block.get("tool_use_id"):
                 block["tool_use_id"] = last_server_id

@@ -61,6 +61,10 @@ EDIT_BETAS: dict[str, str] = {
     "clear_thinking_20251015": "context-management-2025-06-27",
     "compact_20260112": "compact-2026-01-12",
 }
+# The MCP connector's betas (https://platform.claude.com/docs/en/agents-and-tools/mcp-connector:
+# "This feature requires the beta header" mcp-client-2025-11-20; a newer one, and the
+# deprecated 2025-04-04, whose servers carried their own tool_configuration).
+MCP_BETAS = frozenset({"mcp-client-2025-04-04", "mcp-client-2025-11-20", "mcp-client-2026-09-15"})
 COMPACTION_DEFAULT_TRIGGER = 150_000
 _KEY = b"django-agentrun Messages API stand-in: compaction signatures"
 
@@ -103,6 +107,7 @@ def check_tools(body: dict[str, Any]) -> dict[str, str]:
             if accepted is not None and kind not in accepted:
                 raise Refusal(f"tools.{j}: '{kind}' is not supported on model {body['model']}")
             declared[tool["name"]] = kind
+    check_mcp_servers(body, tools)
     deferred = [t.get("name") for t in tools if t.get("defer_loading")]
     if deferred:
         if not any(str(t).startswith("tool_search_tool_") for t in declared.values()):
@@ -113,6 +118,45 @@ def check_tools(body: dict[str, Any]) -> dict[str, str]:
         if all(t.get("defer_loading") for t in tools):
             raise Refusal("tools: at least one tool must not have defer_loading set")
     return declared
+
+
+def check_mcp_servers(body: dict[str, Any], tools: list[dict[str, Any]]) -> None:
+    """The MCP connector as the API checks it: each `mcp_servers` entry a url server with a
+    unique name, referenced by exactly one `mcp_toolset` of `tools` (and no toolset naming
+    a server the request does not define)."""
+    servers = body.get("mcp_servers")
+    toolsets = [t for t in tools if t.get("type") == "mcp_toolset"]
+    if servers is None:
+        if toolsets:
+            raise Refusal("tools: an mcp_toolset needs its server in mcp_servers")
+        return
+    if not isinstance(servers, list):
+        raise Refusal("mcp_servers: Input should be a valid list")
+    names: list[str] = []
+    for k, server in enumerate(servers):
+        if not isinstance(server, dict) or server.get("type") != "url":
+            raise Refusal(f"mcp_servers.{k}.type: Input should be 'url'")
+        if not str(server.get("url", "")).startswith("https://"):
+            raise Refusal(f"mcp_servers.{k}.url: must start with https://")
+        if not isinstance(server.get("name"), str) or not server["name"]:
+            raise Refusal(f"mcp_servers.{k}.name: Field required")
+        names.append(server["name"])
+    if len(set(names)) != len(names):
+        raise Refusal("mcp_servers: MCP server names must be unique")
+    named = [t.get("mcp_server_name") for t in toolsets]
+    for name in names:
+        if named.count(name) != 1:
+            raise Refusal(
+                f"mcp_servers: server '{name}' must be referenced by exactly one mcp_toolset"
+            )
+    for name in named:
+        if name not in names:
+            raise Refusal(f"tools: mcp_toolset names an unknown MCP server '{name}'")
+
+
+def check_mcp_beta(body: dict[str, Any], betas: set[str] | None) -> None:
+    if body.get("mcp_servers") is not None and betas is not None and not betas & MCP_BETAS:
+        raise Refusal("mcp_servers: requires the anthropic-beta header 'mcp-client-2025-11-20'")
 
 
 def check_messages(
@@ -134,6 +178,9 @@ def check_messages(
         for j, block in enumerate(blocks):
             kind = block["type"]
             where = f"messages.{i}.content.{j}"
+            if kind in ("mcp_tool_use", "mcp_tool_result"):
+                _check_mcp_block(block, where, role, body, open_uses)
+                continue
             if kind == "server_tool_use" or kind in RESULT_BLOCKS or kind == "compaction":
                 if role != "assistant":
                     raise Refusal(f"{where}: `{kind}` blocks can only be in `assistant` messages")
@@ -177,6 +224,38 @@ def check_messages(
                 f"messages.{i}: `server_tool_use` ids were found without their result blocks "
                 f"in the same message: {', '.join(open_uses)}"
             )
+
+
+def _check_mcp_block(
+    block: dict[str, Any], where: str, role: str, body: dict[str, Any], open_uses: dict[str, str]
+) -> None:
+    """An MCP connector block: in an assistant message, a use of a request's MCP server,
+    answered by its result in the same message."""
+    kind = block["type"]
+    if role != "assistant":
+        raise Refusal(f"{where}: `{kind}` blocks can only be in `assistant` messages")
+    servers = {s.get("name") for s in body.get("mcp_servers") or () if isinstance(s, dict)}
+    if kind == "mcp_tool_use":
+        tool_id = block.get("id")
+        if not isinstance(tool_id, str) or not tool_id.startswith("mcptoolu_"):
+            raise Refusal(f"{where}.mcp_tool_use.id: String should match '^mcptoolu_'")
+        if block.get("server_name") not in servers:
+            raise Refusal(
+                f"{where}: `mcp_tool_use` block for server {block.get('server_name')!r}, "
+                "which is not in the request's mcp_servers"
+            )
+        if not isinstance(block.get("input"), dict):
+            raise Refusal(f"{where}.mcp_tool_use.input: Input should be a valid dictionary")
+        open_uses[tool_id] = "mcp"
+        return
+    tool_id = block.get("tool_use_id")
+    if open_uses.pop(tool_id, None) != "mcp":
+        raise Refusal(
+            f"{where}: `mcp_tool_result` block with tool_use_id {tool_id!r} does not answer an "
+            "`mcp_tool_use` block before it in the same message"
+        )
+    if not isinstance(block.get("is_error", False), bool):
+        raise Refusal(f"{where}.mcp_tool_result.is_error: Input should be a valid boolean")
 
 
 def check_context_management(body: dict[str, Any], betas: set[str] | None) -> None:

@@ -189,6 +189,7 @@ def _validate(body: Any, betas: set[str] | None) -> None:
     # Automatic caching: a top-level cache_control (it takes one of the breakpoints).
     _check_cache_control(body.get("cache_control"), "cache_control")
     servertools.check_context_management(body, betas)
+    servertools.check_mcp_beta(body, betas)
     _check_system(body.get("system"))
     tool_names = _check_tools(body.get("tools"))
     _check_tool_choice(body.get("tool_choice"), tool_names)
@@ -289,6 +290,9 @@ def _check_tools(tools: Any) -> list[str]:
         if not isinstance(tool, dict):
             raise invalid(f"tools.{j}: Input should be a valid dictionary")
         name = tool.get("name")
+        if tool.get("type") == "mcp_toolset":  # named by its server (servertools checked it)
+            _check_cache_control(tool.get("cache_control"), f"tools.{j}")
+            continue
         if tool.get("type") in (None, "custom"):
             _check_custom_tool(tool, j)
         elif not isinstance(name, str) or not name:
