@@ -185,9 +185,10 @@ def classify(
         return SideEffect.NON_IDEMPOTENT, False
     if annotations.get("readOnlyHint"):
         return SideEffect.READ_ONLY, False
-    # MCP's default for destructiveHint (of a tool that is not read-only) is true; only an
-    # explicit hint asks for a person, so that a trusted server's plain write does not.
-    approval = bool(annotations.get("destructiveHint")) and destructive_needs_approval
+    # MCP's default for destructiveHint (of a tool that is not read-only) is true: a write
+    # the server does not say is harmless (destructiveHint: false) may destroy, and waits
+    # for a person unless the host says otherwise (destructive_needs_approval, tools=).
+    approval = bool(annotations.get("destructiveHint", True)) and destructive_needs_approval
     if annotations.get("idempotentHint"):
         return SideEffect.IDEMPOTENT_WRITE, approval
     return SideEffect.NON_IDEMPOTENT, approval

@@ -57,7 +57,12 @@ def test_snapshot__untrusted_server__filtered_renamed_non_idempotent():
 def test_classify__hints_count_only_when_trusted():
     assert classify({"readOnlyHint": True}, False) == (SideEffect.NON_IDEMPOTENT, False)
     assert classify({"readOnlyHint": True}, True) == (SideEffect.READ_ONLY, False)
-    assert classify({"idempotentHint": True}, True) == (SideEffect.IDEMPOTENT_WRITE, False)
+    # MCP's default: a write not marked destructiveHint: false may destroy.
+    assert classify({"idempotentHint": True}, True) == (SideEffect.IDEMPOTENT_WRITE, True)
+    assert classify({}, True) == (SideEffect.NON_IDEMPOTENT, True)
+    plain = {"idempotentHint": True, "destructiveHint": False}
+    assert classify(plain, True) == (SideEffect.IDEMPOTENT_WRITE, False)
+    assert classify({"destructiveHint": False}, True) == (SideEffect.NON_IDEMPOTENT, False)
     assert classify({"destructiveHint": True}, True) == (SideEffect.NON_IDEMPOTENT, True)
     assert classify({"destructiveHint": True}, True, False) == (SideEffect.NON_IDEMPOTENT, False)
     with pytest.raises(ConfigurationError):
