@@ -101,9 +101,7 @@ class Agent:
         for item in tools:
             if not isinstance(item, Tool):
                 raise ConfigurationError(f"Agent {name}: {item!r} is not a @tool")
-        names = [t.name for t in tools]
-        if len(set(names)) != len(names):
-            raise ConfigurationError(f"Agent {name}: duplicate tool names {names}")
+        _distinct(name, "tool names", [t.name for t in tools])
         self.name = name
         self.model = model
         self.system = system_blocks(system, f"Agent {name}")
@@ -112,9 +110,7 @@ class Agent:
         for server in mcp_servers:
             if not isinstance(server, MCPServer):
                 raise ConfigurationError(f"Agent {name}: {server!r} is not an MCPServer")
-        servers = [s.name for s in mcp_servers]
-        if len(set(servers)) != len(servers):
-            raise ConfigurationError(f"Agent {name}: duplicate MCP server names {servers}")
+        _distinct(name, "MCP server names", [s.name for s in mcp_servers])
         self.mcp_servers = {s.name: s for s in mcp_servers}
         self.max_turns = max_turns
         self.max_tool_calls_per_turn = max_tool_calls_per_turn
@@ -149,7 +145,7 @@ class Agent:
         }
         # Checked now, so a mistake fails where the agent is defined (ConfigurationError).
         try:
-            request_options(self.options, tool_names=names)
+            request_options(self.options, tool_names=list(self.tools))
         except InvalidOption as exc:
             raise ConfigurationError(f"Agent {name}: {exc}") from None
         self.output_format = output_format
@@ -295,6 +291,11 @@ class Agent:
                 self.approval_timeout.total_seconds() if self.approval_timeout else None
             ),
         }
+
+
+def _distinct(agent: str, what: str, names: list[str]) -> None:
+    if len(set(names)) != len(names):
+        raise ConfigurationError(f"Agent {agent}: duplicate {what} {names}")
 
 
 def agent_request_params(
