@@ -167,6 +167,11 @@ class Step:
         snapshot has it (agents.run_tool; None: no longer defined, or the agent is gone)."""
         if self.agent is None:
             return None
+        # The agent's own tool first, as run_tool has it, without the call out: a step asks
+        # once per call (the engine's hot path, tests/postgres/test_trace.py).
+        own = self.agent.tools.get(name)
+        if own is not None:
+            return own
         return run_tool(self.run, name, agent=self.agent, config=self.config)
 
     def write(self) -> Write:
