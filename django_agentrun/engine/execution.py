@@ -246,10 +246,7 @@ def _invoke(step: Step, tool: Tool, call: ToolCall) -> CallEnding:
     except ToolError as exc:
         if exc.content is None:
             return _executed(ToolCallState.ERRORED, str(exc), True)
-        try:
-            return _executed(ToolCallState.ERRORED, stored_result(exc.content), True)
-        except InvalidContent as bad:
-            return _executed(ToolCallState.ERRORED, bad_result(call, bad), True)
+        return _stored(call, ToolCallState.ERRORED, exc.content, True)
     except Exception as exc:  # noqa: BLE001 - a tool bug becomes an is_error result
         stopping = stopping_cause(exc)
         if stopping is not None:
@@ -261,8 +258,14 @@ def _invoke(step: Step, tool: Tool, call: ToolCall) -> CallEnding:
         )
         text = f"Tool {call.name} failed with {type(exc).__name__}."
         return _executed(ToolCallState.ERRORED, text, True)
+    return _stored(call, ToolCallState.SUCCEEDED, value, False)
+
+
+def _stored(call: ToolCall, state: str, value: Any, is_error: bool) -> CallEnding:
+    """A handler's returned (or, with ToolError, raised) content as the call's result; an
+    error result saying so when it cannot be recorded or sent."""
     try:
-        return _executed(ToolCallState.SUCCEEDED, stored_result(value), False)
+        return _executed(state, stored_result(value), is_error)
     except InvalidContent as exc:
         return _executed(ToolCallState.ERRORED, bad_result(call, exc), True)
 
