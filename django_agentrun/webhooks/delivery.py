@@ -204,5 +204,5 @@ def resend(deliveries: Any) -> int:
         delivered_at=None,
         last_error="",
     )
-    transaction.on_commit(lambda: outbox.dispatch(ids))
+    transaction.on_commit(lambda: outbox.dispatch(ids), robust=True)
     return count
