@@ -30,7 +30,7 @@ from ..conf import agentrun_settings
 from ..models import Run, ToolCall, Turn
 from ..runconfig import RunConfig
 from ..states import TOOL_CALL_CLOSED, RunState, SideEffect, ToolCallState
-from ..store import Earlier, Lease, Share, Write, chosen
+from ..store import Earlier, Lease, Share, Write, cancel_request, chosen
 from ..tokens import approval_token
 from ..tools import Tool, batch
 from .history import Segment, final_output, segments, structured
@@ -436,13 +436,10 @@ CLASSIFY = {At.NEXT_CALL: next_call, At.TURN_CLOSED: turn_closed, At.INTERRUPTED
 
 def _cancel_requested(run: Run) -> bool:
     """Whether the run has a cancel request (read afresh: the heartbeat saw it, not us)."""
-    found = (
-        Run.objects.filter(pk=run.pk).values_list("cancel_requested_at", "cancel_reason").first()
-    )
-    if found is None or found[0] is None:
-        return False
-    run.cancel_requested_at, run.cancel_reason = found
-    return True
+    found = cancel_request(run.pk)
+    if found is not None:
+        run.cancel_requested_at, run.cancel_reason = found
+    return found is not None
 
 
 # -- what a row carries: each a transition (or two) on the write ----------------------
@@ -547,8 +544,12 @@ def _park_for_approval(step: Step, write: Write, ctx: dict[str, Any]) -> None:
     transitions.park(write, run)
     # The token is minted for the receivers, after the commit, never stored.
     write.then(
-        lambda: signals.approval_requested.send(
-            sender=Run, run=run, tool_call=call, token=approval_token(call)
+        lambda: signals.send(
+            signals.approval_requested,
+            sender=Run,
+            run=run,
+            tool_call=call,
+            token=approval_token(call),
         )
     )
 
