@@ -295,14 +295,15 @@ def run_atomic(step: Step, turn: Turn, call: ToolCall, tool: Tool) -> Commit:
 
     The run row is not locked while the handler runs (the heartbeat renews the lease
     meanwhile); the result's write is fenced by the lease like every other, so if the lease
-    was lost the handler's writes roll back with it."""
+    was lost the handler's writes roll back with it (LeaseLost: the step ends as any whose
+    lease was lost)."""
     with transaction.atomic():
         with transaction.atomic():
             ending = invoke(step, tool, call)
             if ending.is_error:
                 transaction.set_rollback(True)  # the handler's writes, not the result
         commit = close(step, step.write(), turn, call, ending, At.HANDLER, Ended.RESULT)
-        step.store.send(commit.write)
+        step.store.send(commit.write, savepoint=True)
     commit.sent = Sent.WITH_ATOMIC_TOOL
     return commit
 
