@@ -22,7 +22,6 @@ import os
 import queue
 import sys
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -264,7 +263,7 @@ def call_tool(
     not have acted), and so does the server's timeout, unless `timeout_is_an_answer` (a
     call safe to make again: the model is told it timed out, a ToolError)."""
     loop, conn = connection(server, headers)
-    sent = threading.Event()
+    state = CallState()
     mcp = sdk()
 
     # Progress is handed to this (the handler's) thread: its heartbeat writes through this
@@ -279,33 +278,30 @@ def call_tool(
             on_progress(*ticks.get_nowait())
 
     async def call() -> dict[str, Any]:
-        session = await conn.live()
-        sent.set()
-        result = await session.call_tool(
-            name,
-            arguments,
-            read_timeout_seconds=server.timeout,
-            progress_callback=progress if on_progress is not None else None,
-            meta=meta,
-        )
-        return result.model_dump(by_alias=True, mode="json", exclude_none=True)
+        try:
+            session = await conn.live()
+            state.sending()
+            result = await session.call_tool(
+                name,
+                arguments,
+                read_timeout_seconds=server.timeout,
+                progress_callback=progress if on_progress is not None else None,
+                meta=meta,
+            )
+            return result.model_dump(by_alias=True, mode="json", exclude_none=True)
+        finally:
+            state.finished.set()
 
     future = loop.submit(call())
-    # Wait without taking the coroutine's own TimeoutError (a session that did not open in
-    # time) for "not done yet": the future says when it is done.
-    while not concurrent.futures.wait([future], timeout=_ABORT_POLL).done:
-        drain()
-        if abort.aborted:
-            future.cancel()  # the SDK sends notifications/cancelled for the request
-            _wait_cancelled(future)
-            raise ToolCancelled(f"MCP tool {name} on {server.name} cancelled: {abort.reason}")
+    if not wait_for(future, state, abort, drain):
+        raise ToolCancelled(f"MCP tool {name} on {server.name} cancelled: {abort.reason}")
     drain()
     if future.cancelled():
         raise ToolCancelled(f"MCP tool {name} on {server.name} cancelled")
     exc = future.exception()
     if exc is None:
         return future.result()
-    if not sent.is_set():  # the session never answered a ping: nothing was sent
+    if not state.sent:  # the session never answered a ping: nothing was sent
         raise ToolError(f"MCP server {server.name} is unavailable: {exc!r}") from exc
     if isinstance(exc, mcp.MCPError):
         code = getattr(exc.error, "code", None)
@@ -327,11 +323,57 @@ _REQUEST_TIMEOUT = -32001  # the SDK's code for a request it stopped waiting for
 _REFUSALS = (-32700, -32600, -32601, -32602)
 
 
-def _wait_cancelled(future: concurrent.futures.Future, seconds: float = 2.0) -> None:
-    """Give the loop a moment to send the cancellation before the handler returns."""
-    ends = time.monotonic() + seconds
-    while not future.done() and time.monotonic() < ends:
-        time.sleep(0.01)
+CANCEL_SENT_SECONDS = 2.0  # at most this long for the SDK to send notifications/cancelled
+
+
+class CallState:
+    """Where a call's coroutine is, as the handler's thread sees it: whether its request was
+    sent (then a cancel must reach the server), and when the coroutine has ended (after the
+    SDK sent notifications/cancelled, for a cancelled one). One lock decides whether a
+    cancel or the sending comes first."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.cancelled = False
+        self.sent = False
+        self.finished = threading.Event()
+
+    def sending(self) -> None:
+        """In the coroutine, before the request goes: not once a cancel came first."""
+        with self.lock:
+            if self.cancelled:
+                raise asyncio.CancelledError
+            self.sent = True
+
+    def cancel(self, future: concurrent.futures.Future) -> bool:
+        """Cancel the call: False when it had ended first (its answer counts). Returns once
+        the cancellation was sent (the coroutine ended: the SDK sends
+        notifications/cancelled as it unwinds), or nothing was sent, or CANCEL_SENT_SECONDS
+        passed."""
+        with self.lock:
+            self.cancelled = True
+            sent = self.sent
+        if not future.cancel():
+            return False
+        if sent:
+            self.finished.wait(CANCEL_SENT_SECONDS)
+        return True
+
+
+def wait_for(
+    future: concurrent.futures.Future,
+    state: CallState,
+    abort: AbortSignal,
+    drain: Callable[[], None],
+) -> bool:
+    """Wait for a call's future, handing its progress on (`drain`): True when it ended (its
+    result or error is in it), False when a cancel stopped it first. Its own TimeoutError (a
+    session that did not open in time) is not taken for "not done yet": the future says."""
+    while not concurrent.futures.wait([future], timeout=_ABORT_POLL).done:
+        drain()
+        if abort.aborted and state.cancel(future):
+            return False
+    return True
 
 
 def close_all(seconds: float = 5.0) -> None:
