@@ -145,7 +145,13 @@ def send_message(
         try:
             with transaction.atomic():
                 run = _new_run(
-                    conversation, input, context, idempotency_key, metadata, request_hash or "", hook
+                    conversation,
+                    input,
+                    context,
+                    idempotency_key,
+                    metadata,
+                    request_hash or "",
+                    hook,
                 )
         except IntegrityError:
             existing = idempotency_key and _existing(

@@ -25,7 +25,9 @@ POLICY_HELP = (
 
 
 class ConversationCreateSerializer(serializers.Serializer):
-    agent = StorableCharField(max_length=200, help_text="The name of an agent you may start (any other name, whether or not an "
+    agent = StorableCharField(
+        max_length=200,
+        help_text="The name of an agent you may start (any other name, whether or not an "
         "agent has it, is the same 403).",
     )
     policy = serializers.ChoiceField(

@@ -35,7 +35,9 @@ class IdempotencyKeyMixin:
 
 
 class RunCreateSerializer(IdempotencyKeyMixin, serializers.Serializer):
-    agent = StorableCharField(max_length=200, help_text="The name of an agent you may start (any other name, whether or not an "
+    agent = StorableCharField(
+        max_length=200,
+        help_text="The name of an agent you may start (any other name, whether or not an "
         "agent has it, is the same 403).",
     )
     input = RunInputField(help_text="A non-empty string or a list of content blocks.")
