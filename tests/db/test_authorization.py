@@ -11,6 +11,7 @@ agent name is not confirmed to a user who may not start it."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -316,3 +317,46 @@ def test_agent__run_as_takes_requester_or_owner():
 
     with pytest.raises(ConfigurationError, match="run_as must be one of requester, owner"):
         Agent(name="bad-run-as", run_as="anyone", register=False)
+
+
+# --------------------------------------------------------------------------- the hook's text
+
+
+@pytest.fixture
+def hooked():
+    agent = Agent(
+        name="hooked",
+        model="claude-sonnet-4-5",
+        api_start=True,
+        context=lambda: "Internal: refunds over 50 EUR go to Mallory.",
+    )
+    yield agent
+    unregister_agent(agent.name)
+
+
+def test_context__the_hooks_text_is_the_authors_and_not_shown_to_clients(world, hooked):
+    """The model reads the hook's text before the caller's; the API shows each viewer (the
+    owner and whoever sees all runs) the caller's context only, as it shows no system prompt.
+    The admin shows the whole run to staff."""
+    alice = world["alice"]
+    viewer = factories.user("vera", "view_all_runs")
+    created = post(
+        client_for(alice), f"{API}/runs/", {"agent": "hooked", "input": "x", "context": "Terse."}
+    )
+    assert created.status_code == 201
+    run = Run.objects.get(pk=created.json()["id"])
+    assert run.context == "Internal: refunds over 50 EUR go to Mallory.\n\nTerse."
+    conversation = start_conversation("hooked", owner=alice)
+    message = post(
+        client_for(alice), f"{API}/conversations/{conversation.pk}/messages/", {"input": "Hi"}
+    )
+    for user in (alice, viewer):
+        client = client_for(user)
+        for run_id, shown in ((run.pk, "Terse."), (message.json()["id"], "")):
+            detail = client.get(f"{API}/runs/{run_id}/").json()
+            events = client.get(f"{API}/runs/{run_id}/events/").json()["results"]
+            assert detail["context"] == shown
+            assert events[0]["payload"].get("context", "") == shown
+            assert "Mallory" not in json.dumps([detail, events])
+    fork = post(client_for(alice), f"{API}/runs/{run.pk}/fork/", {"turn": 0}).json()
+    assert fork["context"] == "Terse." and "Mallory" not in json.dumps(fork)
