@@ -656,6 +656,7 @@ def test_error_status__covers_every_error_the_api_services_raise():
 
 
 def test_schema__renders_a_valid_openapi_document(client, tmp_path):
+    client.force_login(User.objects.create_user("reader"))  # signed-in users only
     response = client.get("/api/schema/", {"format": "json"})
     assert response.status_code == 200
     schema = response.json()
