@@ -49,3 +49,8 @@ def test_user_pages__speak_of_the_users_project_not_ours(page):
     project's own tests and benchmarks are in docs/how-to/development.md and bench/README.md."""
     found = [line for line in page.read_text().splitlines() if PROJECT_OWN.search(line)]
     assert found == [], found
+
+
+def test_readme__lists_every_how_to():
+    listed = set(re.findall(r"\]\(docs/how-to/([\w-]+\.md)", (ROOT / "README.md").read_text()))
+    assert {p.name for p in (ROOT / "docs" / "how-to").glob("*.md")} - listed == set()
