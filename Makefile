@@ -40,7 +40,7 @@ CHROMIUM ?= /usr/bin/chromium
 
 .PHONY: test lane lint checks test-sqlite test-postgres test-workers test-postgres-ssb \
 	test-postgres-psycopg2 test-workers-psycopg2 test-pgbouncer pgbouncer test-django-pool \
-	test-node node test-browser chromium test-django6 test-browser-django6 test-release demo demo-traces chat \
+	test-node node test-browser chromium test-django6 test-browser-django6 test-release demo demo-traces chat admin \
 	bench bench-quick bench-load install
 
 # A virtualenv with the project and its test dependencies, rebuilt when pyproject changes.
@@ -284,10 +284,20 @@ demo-traces: $(DEMO_VENV)/.installed
 	  $(DEMO_VENV)/bin/python manage.py agentrun_demo
 	$(DEMO_VENV)/bin/python -m django_agentrun.testing.telemetry .demo-traces
 
-# The example chat page at http://127.0.0.1:8000/chat/ (user demo, password demo): uvicorn
-# and a Celery worker on Redis (CHAT_ARGS="--redis-url redis://host:6379/0 --port 8001").
+# The example chat page at http://127.0.0.1:$(PORT)/chat/ (user demo, password demo): uvicorn
+# and a Celery worker on Redis at REDIS_URL (make chat PORT=8001 REDIS_URL=redis://host:6379/1;
+# CHAT_ARGS for the command's other options).
+PORT ?= 8000
+REDIS_URL ?= redis://127.0.0.1:6379/0
 chat: install
-	$(PYTHON) manage.py agentrun_chat $(CHAT_ARGS)
+	$(PYTHON) manage.py agentrun_chat --port $(PORT) --redis-url $(REDIS_URL) $(CHAT_ARGS)
+
+# A staff user (a superuser) for the admin, in the chat page's SQLite database, before or
+# after `make chat`: the tables are made first. It asks for a name and a password
+# (ADMIN_ARGS="--noinput" with DJANGO_SUPERUSER_USERNAME, _PASSWORD and _EMAIL set does not).
+admin: install
+	DJANGO_SECRET_KEY=$${DJANGO_SECRET_KEY:-local-admin-only} $(PYTHON) manage.py migrate --no-input -v 0
+	DJANGO_SECRET_KEY=$${DJANGO_SECRET_KEY:-local-admin-only} $(PYTHON) manage.py createsuperuser $(ADMIN_ARGS)
 
 bench: install
 	DATABASE_URL=$(PG_URL) $(PYTHON) bench/run.py

@@ -33,6 +33,7 @@ from ..exceptions import (
     ToolError,
     ToolOutcomeUnknown,
 )
+from . import http
 from .servers import MCPServer
 
 logger = logging.getLogger(__name__)
@@ -80,6 +81,7 @@ _lock = threading.Lock()
 
 
 def _loop() -> _Loop:
+    http.hide_queries()  # httpx2 logs each request's URL at INFO
     pid = os.getpid()
     with _lock:
         found = _loops.get(pid)
@@ -160,12 +162,12 @@ class Connection:
                     from mcp.client.streamable_http import (  # noqa: PLC0415
                         streamable_http_client,
                     )
-                    from mcp.shared._httpx_utils import create_mcp_http_client  # noqa: PLC0415
 
-                    client = create_mcp_http_client(headers=self.headers)
+                    # Checked and pinned when the server is public_only (http.py).
+                    client, url = http.client(self.server, self.headers)
                     await stack.enter_async_context(client)
                     streams = await stack.enter_async_context(
-                        streamable_http_client(self.server.url_now(), http_client=client)
+                        streamable_http_client(url, http_client=client)
                     )
                 read, write = streams[0], streams[1]
                 # No session-wide read timeout: the open is bounded by connect_timeout, each
@@ -179,7 +181,11 @@ class Connection:
                 ready.set_exception(exc if isinstance(exc, Exception) else ConnectionError(exc))
             if not isinstance(exc, Exception):
                 raise
-            logger.info("MCP server %s: session ended (%r)", self.server.name, exc)
+            logger.info(
+                "MCP server %s: session ended (%s)",
+                self.server.name,
+                http.without_queries(repr(exc)),
+            )
 
     async def close(self) -> None:
         if self._close is not None:
@@ -243,7 +249,17 @@ def list_tools(server: MCPServer, headers: dict[str, str]) -> list[dict[str, Any
         wait = server.connect_timeout + server.timeout + PING_SECONDS
         return loop.submit(listed()).result(timeout=wait)
     except Exception as exc:
-        raise MCPUnavailable(f"MCP server {server.name}: cannot list its tools ({exc!r})") from exc
+        # The detail to the log (URLs without their query strings); the client is told which
+        # server, not what a connection error says about the network behind it.
+        logger.warning(
+            "MCP server %s: cannot list its tools (%s)",
+            server.name,
+            http.without_queries(repr(exc)),
+        )
+        raise MCPUnavailable(
+            f"MCP server {server.name} could not be reached to list its tools: nothing was "
+            "started; try again later."
+        ) from exc
 
 
 def call_tool(
@@ -302,7 +318,9 @@ def call_tool(
     if exc is None:
         return future.result()
     if not state.sent:  # the session never answered a ping: nothing was sent
-        raise ToolError(f"MCP server {server.name} is unavailable: {exc!r}") from exc
+        raise ToolError(
+            f"MCP server {server.name} is unavailable: {http.without_queries(repr(exc))}"
+        ) from exc
     if isinstance(exc, mcp.MCPError):
         code = getattr(exc.error, "code", None)
         if timeout_is_an_answer and code == _REQUEST_TIMEOUT:
@@ -315,7 +333,8 @@ def call_tool(
             # found, invalid params): the server answered without running the tool.
             raise ToolError(f"MCP server {server.name} refused the call: {exc}") from exc
     raise ToolOutcomeUnknown(
-        f"MCP tool {name} on {server.name}: no answer ({exc!r}); it may have run"
+        f"MCP tool {name} on {server.name}: no answer ({http.without_queries(repr(exc))}); "
+        "it may have run"
     ) from exc
 
 

@@ -94,7 +94,9 @@ def _post(delivery: WebhookDelivery) -> Tried:
     try:
         addresses = policy.check(sub.url, agentrun_settings.WEBHOOK_ALLOWED_HOSTS)
     except policy.UrlRefused as exc:
-        return Tried(False, error=str(exc), final=True)
+        # Tried again on the schedule, as any failed try: the host may allow it, or its
+        # name resolve elsewhere, before the schedule is spent.
+        return Tried(False, error=str(exc))
     target, host, extensions = policy.pinned(sub.url, addresses)
     body = json.dumps(delivery.payload, separators=(",", ":")).encode()
     headers = signing.headers(sub.secret, delivery.webhook_id, timezone.now(), body)
