@@ -31,7 +31,7 @@ VENV_DJANGO6 ?= .venv-django6
 # the same on any driver: one_driver, run under 5.2 on SQLite); the worker lane runs the
 # engine on 5.2 and psycopg 3 with real processes.
 TEST_STAGES = lint checks docs test-sqlite test-postgres-ssb test-postgres-psycopg2 test-django6 \
-	test-release
+	test-explore test-release
 WORKER_STAGES = test-workers test-workers-psycopg2 test-pgbouncer test-django-pool test-node \
 	test-browser test-browser-django6
 PG_URL_WORKERS ?= $(PG_URL)_workers
@@ -41,6 +41,7 @@ CHROMIUM ?= /usr/bin/chromium
 .PHONY: test lane lint checks test-sqlite test-postgres test-workers test-postgres-ssb \
 	test-postgres-psycopg2 test-workers-psycopg2 test-pgbouncer pgbouncer test-django-pool \
 	test-node node test-browser chromium test-django6 test-browser-django6 test-release demo demo-traces chat admin \
+	test-explore explore \
 	bench bench-quick bench-load install
 
 # A virtualenv with the project and its test dependencies, rebuilt when pyproject changes.
@@ -233,6 +234,20 @@ test-django6:
 	  || { cat artifacts/prebuild-django6.log 2>/dev/null; exit 1; }
 	DATABASE_URL=$(PG_URL) $(VENV_DJANGO6)/bin/python -m pytest tests/pure tests/db tests/postgres \
 	  -q $(XDIST)
+
+# The schedule explorer (tests/explorer, docs/how-to/development.md): the engine, the reaper
+# and people as actors on Postgres (psycopg 3), interleaved at every scheduling point, within
+# its budget (a fixed set of seeds per scenario, the defects it found as their schedules);
+# `make explore SCHEDULES=N` runs N guided schedules (EXPLORE_FIRST_SEED=K moves the seeds).
+SCHEDULES ?= 2000
+EXPLORE_FIRST_SEED ?= 1000
+test-explore: install
+	AGENTRUN_EXPLORE=1 DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest tests/postgres/test_explore.py \
+	  -q $(XDIST)
+
+explore: install
+	AGENTRUN_EXPLORE=1 EXPLORE_SCHEDULES=$(SCHEDULES) EXPLORE_FIRST_SEED=$(EXPLORE_FIRST_SEED) \
+	  DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest tests/postgres/test_explore.py -q -s -k long
 
 # The admin in the browser on that Django 6.x (skipped, saying so, without Chromium).
 test-browser-django6: chromium

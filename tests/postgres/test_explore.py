@@ -25,8 +25,15 @@ pytestmark = [
     ),
 ]
 
-# Seeds per scenario in `make test` (about 100 s in all on a quiet machine of two cores).
-SEEDS = int(os.environ.get("EXPLORE_SEEDS", "60"))
+# Schedules per scenario in `make test` (`make test-explore`: about 100 s in all, on two
+# xdist processes of a two-core machine); EXPLORE_SEEDS sets one number for all. The
+# deepest defects found so far took 84 schedules of `charge` (a result dropped under the
+# reaper's reservation) and 169 of `park` (a cancel lost as the run parked).
+SEEDS = {"approve": 60, "batch": 60, "charge": 150, "chat": 50, "park": 220, "pay": 100}
+
+
+def _seeds(scenario: str) -> int:
+    return int(os.environ.get("EXPLORE_SEEDS") or SEEDS[scenario])
 
 
 @pytest.fixture
@@ -38,12 +45,12 @@ def agent(postgres, settings):
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_explore__guided_walks(scenario, agent, monkeypatch, figures):
-    started, coverage = time.monotonic(), Counter()
-    for seed in range(SEEDS):
+    started, coverage, count = time.monotonic(), Counter(), _seeds(scenario)
+    for seed in range(count):
         result = explore(SCENARIOS[scenario], Guided(seed, coverage), monkeypatch)
         assert result.ok, report(result, seed)
     took = time.monotonic() - started
-    figures(f"explorer {scenario}: {SEEDS} schedules, {len(coverage)} moves covered, {took:.1f}s")
+    figures(f"explorer {scenario}: {count} schedules, {len(coverage)} moves covered, {took:.1f}s")
 
 
 def test_explore__every_schedule_with_one_departure(agent, monkeypatch, figures):
