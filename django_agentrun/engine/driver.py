@@ -34,8 +34,9 @@ from ..models import Run, ToolCall, Turn
 from ..outcomes import CallEnding
 from ..states import ResultSource, RunState, ToolCallState
 from . import claim, execution, model_turn
+from .follows import FOLLOWS, At, Ended, Facts, commit_of, interrupted
 from .heartbeat import Heartbeat
-from .step import FOLLOWS, At, Commit, Ended, Sent, Step, Then, commit_of, interrupted
+from .step import Commit, Sent, Step, Then
 
 logger = logging.getLogger(__name__)
 
@@ -93,9 +94,9 @@ def drive(step: Step, *, heartbeat: bool = False) -> str:
     before = time.time()
     commit = claim.claim(step)
     if commit is None:
-        if step.capped is None:
-            return Outcome.NOT_CLAIMED
-        column, value, cap = step.capped
+        return Outcome.NOT_CLAIMED
+    if isinstance(commit, claim.Capped):
+        column, value, cap = commit.share
         delay = agentrun_settings.CAPPED_RETRY_SECONDS * (1 + random.random() / 2)
         logger.info(
             "The cap of %s %s (%s) is reached: waits %.1fs run_id=%s",
@@ -256,8 +257,11 @@ def _send_again(step: Step, write: store.Write, error: DatabaseError) -> None:
 def _next(step: Step) -> tuple[Commit, Answered | None]:
     """The next phase's commit, and the model's answer it records (if it does)."""
     if step.abort.aborted or step.deadline_passed():
-        ctx: dict[str, Any] = {}  # the interruption, met between two commits
-        return commit_of(step, step.write(), At.INTERRUPTED, interrupted(step, ctx), **ctx), None
+        facts = Facts()  # the interruption, met between two commits
+        ended = interrupted(step, facts)
+        write = step.write()
+        known = {"reason": facts.reason, "reread": facts.reread}
+        return commit_of(step, write, At.INTERRUPTED, ended, **known), None
     if step.settle_only:
         commit = execution.settle_only(step, step.turn)
         if commit is None:
