@@ -9,6 +9,7 @@ import json
 import re
 import socket
 import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -577,3 +578,61 @@ def test_check__a_static_subscription_a_delivery_will_refuse(settings, url, allo
     assert bool(found) is warned, found
     if warned:
         assert "AGENTRUN_WEBHOOK_ALLOWED_HOSTS" in found[0].hint
+
+
+@pytest.mark.django_db
+def test_deliver__a_receiver_answering_a_byte_at_a_time_is_given_up_within_the_timeout(
+    hook, dispatched, settings
+):
+    """httpx bounds each read, not the whole answer: a receiver that trickles kept the try
+    going past its hold, and another worker sent the same delivery beside it."""
+    settings.AGENTRUN_WEBHOOK_TIMEOUT_SECONDS = 1.0
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    done = threading.Event()
+
+    def trickle() -> None:
+        conn, _ = server.accept()
+        conn.recv(65536)
+        for byte in b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok":
+            if done.wait(0.3):
+                break
+            conn.sendall(bytes([byte]))
+        conn.close()
+
+    threading.Thread(target=trickle, daemon=True).start()
+    url = f"http://127.0.0.1:{server.getsockname()[1]}/slow"
+    settings.AGENTRUN_WEBHOOKS = [{"name": "ops", "url": url, "secret": SECRET, "events": ["*"]}]
+    factories.completed_run()
+    (row,) = deliveries()
+    began = time.monotonic()
+    assert webhooks.deliver(row.pk) == "retrying"
+    assert time.monotonic() - began < 2.5
+    done.set()
+    server.close()
+    (attempt,) = WebhookAttempt.objects.filter(delivery=row)
+    assert "within 1 s" in attempt.error
+
+
+@pytest.mark.django_db
+def test_deliver__a_try_whose_hold_was_taken_records_itself_not_the_delivery(
+    hook, dispatched, monkeypatch
+):
+    """Its process stopped past its hold, another worker took the delivery: the late try's
+    answer is recorded as an attempt, and the delivery stays the other try's."""
+    from django_agentrun.webhooks import delivery as sending
+
+    factories.completed_run()
+    (row,) = deliveries()
+    real = sending._post
+
+    def taken_meanwhile(found):
+        WebhookDelivery.objects.filter(pk=found.pk).update(locked_until=timezone.now())
+        return real(found)
+
+    monkeypatch.setattr(sending, "_post", taken_meanwhile)
+    assert webhooks.deliver(row.pk) == "taken over"
+    row.refresh_from_db()
+    assert (row.status, row.attempts) == (DeliveryStatus.PENDING, 0)
+    assert WebhookAttempt.objects.filter(delivery=row).count() == 1

@@ -64,6 +64,8 @@ def installed(world: World, monkeypatch: Any) -> Iterator[None]:
     monkeypatch.setattr(claim.children, "kill_marked", lambda holder, **kw: True)
     monkeypatch.setattr(driver, "Heartbeat", w.FakeBeat)
     monkeypatch.setattr(model_turn, "ask", ask)
+    if world.scenario.webhooks:
+        _webhooks(world, monkeypatch)
     failpoints.set_scheduler(world.controller.point)
     if world.scenario.raising_receiver:
         signals.approval_requested.connect(raising, dispatch_uid="explorer-raising")
@@ -74,6 +76,39 @@ def installed(world: World, monkeypatch: Any) -> Iterator[None]:
         signals.approval_requested.disconnect(dispatch_uid="explorer-raising")
         world.controller.release_crashed()
         backend.replace(inner)
+
+
+def _webhooks(world: World, monkeypatch: Any) -> None:
+    """A subscription to every event; its deliveries handed to the world's sender queue, and
+    each try's request a pair of scheduling points (no HTTP: the tries' bookkeeping is what
+    interleaves), recorded so that two sends of one delivery at once are seen."""
+    from django.conf import settings
+
+    from django_agentrun.store import outbox
+    from django_agentrun.webhooks import delivery
+
+    secret = "whsec_" + "QUJDREVGR0hJSktMTU5PUFFSU1RVVldY"  # 24 bytes
+    hook = {"name": "explorer", "url": "https://hooks.example.test/in", "secret": secret}
+    monkeypatch.setattr(settings, "AGENTRUN_WEBHOOKS", [{**hook, "events": ["*"]}], raising=False)
+    monkeypatch.setattr(
+        settings, "AGENTRUN_WEBHOOK_SUBSCRIPTIONS_CACHE_SECONDS", None, raising=False
+    )
+    monkeypatch.setattr(settings, "AGENTRUN_WEBHOOK_LOST_AFTER_SECONDS", 0, raising=False)
+    monkeypatch.setattr(outbox, "_sender", lambda pk, countdown=None: world.hooks.append(pk))
+
+    def post(row: Any) -> Any:
+        actor = world.controller.current()
+        world.controller.point("webhook.post")
+        sending = world.truth.sending.setdefault(row.webhook_id, set())
+        sending.add(actor)
+        if len({a for a in sending if a.alive}) > 1:
+            world.truth.violated(f"webhook {row.webhook_id} sent twice at once")
+        world.truth.sent[row.webhook_id] += 1
+        world.controller.point("webhook.posted")
+        sending.discard(actor)
+        return delivery.Tried(True, status_code=204)
+
+    monkeypatch.setattr(delivery, "_post", post)
 
 
 @contextlib.contextmanager
@@ -130,6 +165,13 @@ SCENARIOS = {
             (("x_pay", {"amount": 3}),),
         ),
         people=("cancel",),
+    ),
+    # Webhooks of an approval and the run's end, sent by a sender actor while the run goes on.
+    "hooks": Scenario(
+        "hooks",
+        ((("x_refund", {"order": "C3"}),),),
+        people=("approve", "cancel"),
+        webhooks=True,
     ),
     # A conversation: messages under each busy policy while its run works.
     "chat": Scenario(

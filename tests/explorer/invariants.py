@@ -80,8 +80,34 @@ def after(world: Any) -> None:
             assert_projection_matches(run)
         except AssertionError as exc:
             truth.violated(f"the events of run {run.pk} do not rebuild it: {exc}")
+    if world.scenario.webhooks:
+        _webhooks(world, runs)
     if runs and runs[0].conversation_id is not None:
         try:
             assert_conversation_projection_matches(runs[0].conversation)
         except AssertionError as exc:
             truth.violated(f"the conversation's events do not rebuild its history: {exc}")
+
+
+def _webhooks(world: Any, runs: list[Run]) -> None:
+    """Each reportable event of a committed change has one delivery (one webhook id), and
+    every delivery was sent (the runs are at rest, their senders done)."""
+    from collections import Counter
+
+    from django_agentrun.models import RunEvent, WebhookDelivery
+    from django_agentrun.store import outbox
+
+    for run in runs:
+        wanted: Counter = Counter()
+        for kind in RunEvent.objects.filter(run=run).values_list("type", flat=True):
+            if kind in outbox.EVENTS:
+                wanted[outbox.EVENTS[kind]] += 1
+                if run.conversation_id and outbox.EVENTS[kind] in outbox.RUN_ENDINGS:
+                    wanted[outbox.CONVERSATION_RUN_FINISHED] += 1
+        rows = WebhookDelivery.objects.filter(run_id=run.pk)
+        made = Counter(rows.values_list("event_type", flat=True))
+        if made != wanted:
+            world.truth.violated(f"run {run.pk}: deliveries {dict(made)} for events {dict(wanted)}")
+        for row in rows:
+            if row.status != "delivered" or not world.truth.sent[row.webhook_id]:
+                world.truth.violated(f"webhook {row.webhook_id} ({row.event_type}) is {row.status}")

@@ -24,6 +24,7 @@ from django_agentrun import (
     resolve_tool_call,
     resume_run,
     start_run,
+    webhooks,
 )
 from django_agentrun.abort import CANCEL_REQUESTED, LEASE_LOST, LEASE_UNRENEWED, AbortSignal
 from django_agentrun.engine import advance
@@ -65,13 +66,15 @@ class Scenario:
     `turns`: per answered turn, the tool uses the model asks for (then a final text);
     `people`: the commands a person may give (each at most once, when it applies);
     `conversation`: the run is a conversation's first message (people may message it);
-    `raising_receiver`: an approval_requested receiver raises (an SMTP error)."""
+    `raising_receiver`: an approval_requested receiver raises (an SMTP error);
+    `webhooks`: a subscription to every event, its deliveries sent by a sender actor."""
 
     name: str
     turns: tuple[tuple[tuple[str, dict[str, Any]], ...], ...]
     people: tuple[str, ...] = ()
     conversation: bool = False
     raising_receiver: bool = False
+    webhooks: bool = False
 
 
 class Row:
@@ -145,6 +148,7 @@ class World:
         self.result = Result(scenario.name)
         self.ids = itertools.count(1)
         self.last: Actor | None = None
+        self.hooks: list[str] = []  # the deliveries handed to a sender, not yet taken
 
     # -- the model's answers ------------------------------------------------------------
 
@@ -233,9 +237,37 @@ class World:
     def spawn_reaper(self) -> None:
         def reaper(actor: Actor) -> Any:
             w.CURRENT.set(actor)
-            return reap(run_ids=self.run_ids(), stale_after=0)
+            found = reap(run_ids=self.run_ids(), stale_after=0)
+            if self.scenario.webhooks:
+                self.controller.point("webhook.sweep")
+                webhooks.sweep()
+            return found
 
         self.controller.spawn("reaper", "reaper", reaper)
+
+    def send_hook(self) -> None:
+        """A worker takes a delivery from the queue and tries it (webhooks.deliver)."""
+        delivery_id = self.hooks.pop(0)
+
+        def sender(actor: Actor) -> Any:
+            w.CURRENT.set(actor)
+            return webhooks.deliver(delivery_id)
+
+        self.controller.spawn("sender", "sender", sender)
+
+    def hold_runs_out(self) -> None:
+        """Time passes: the hold of every delivery being tried runs out."""
+
+        def run_out(actor: Actor) -> Any:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "UPDATE agentrun_webhookdelivery SET locked_until = statement_timestamp()"
+                    " - interval '1 second' WHERE locked_until IS NOT NULL"
+                )
+
+        clock = self.controller.spawn("clock", "clock", run_out)
+        while clock.status == PARKED:
+            self.controller.grant(clock)
 
     def person(self, label: str, command: Callable[[], Any]) -> None:
         def act(actor: Actor) -> Any:
@@ -366,6 +398,9 @@ class World:
             found.append(
                 Move(f"deliver to {idle.name}", "deliver", lambda s=idle: self.deliver(s), key)
             )
+        if self.hooks:
+            key = None if not found else ("send a webhook", context)
+            found.append(Move("send a webhook", "deliver", self.send_hook, key))
         if not faults:
             return found
         optional: list[Move] = []
@@ -382,6 +417,14 @@ class World:
         """Whether a reaper pass would find anything (and none is under way)."""
         if any(a.kind == "reaper" for a in self.controller.busy()):
             return False
+        if self.scenario.webhooks:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT 1 FROM agentrun_webhookdelivery WHERE status = 'pending' AND"
+                    " (locked_until IS NULL OR locked_until < statement_timestamp()) LIMIT 1"
+                )
+                if cursor.fetchone():
+                    return True  # its sweep hands them to a sender again
         held = self.broker.held()
         for run in runs:
             if run.lease_owner and run.expired and run.state in ACTIVE:
@@ -435,13 +478,27 @@ class World:
                     lambda a=actor: a.abort.abort(LEASE_UNRENEWED),
                 )
         for actor in self.controller.busy():
-            if actor.kind in ("worker", "reaper") and actor.status in (PARKED, BLOCKED):
+            if actor.kind in ("worker", "reaper", "sender") and actor.status in (PARKED, BLOCKED):
                 for kind in ("child", "host"):
                     fault(
                         f"crash {actor.name} ({kind})",
                         (f"crash {kind}", self.where(actor)),
                         lambda a=actor, k=kind: self.crash(a, k),
                     )
+        senders = [a for a in self.controller.busy() if a.kind == "sender"]
+        if any(a.status == CRASHED for a in self.controller.actors if a.kind == "sender") and all(
+            a.point == "start" for a in senders
+        ):
+            # A live try ends within its hold (webhooks.deliver bounds it by the timeout):
+            # the hold that runs out is a dead sender's.
+            fault("a webhook's hold runs out", ("hold",), self.hold_runs_out)
+        if self.budget.duplicates and self.hooks:
+
+            def twice() -> None:
+                self.budget.duplicates -= 1
+                self.hooks.append(self.hooks[0])
+
+            fault("a webhook handed over twice", ("duplicate hook",), twice)
         if self.budget.duplicates and self.broker.queue:
 
             def duplicate() -> None:
@@ -540,6 +597,8 @@ class World:
             for run in runs:
                 if run.state in ACTIVE and run.lease_owner:
                     self.expire(run.pk)
+            if self.scenario.webhooks:
+                self.hold_runs_out()  # a dead sender's delivery: the reaper's sweep finds it
             self.result.steps.append("rest: reap")
             self.spawn_reaper()
             reaper = self.controller.actors[-1]
@@ -549,7 +608,7 @@ class World:
                 idle_passes = 0
                 continue
             idle_passes += 1
-            if self.broker.queue or self.controller.parked():
+            if self.broker.queue or self.hooks or self.controller.parked():
                 continue
             invariants.at_rest(self, runs)
             if self.truth.violations:

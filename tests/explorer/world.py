@@ -127,6 +127,8 @@ class Truth:
     returned: dict[tuple[str, str], list[Actor]] = field(default_factory=lambda: defaultdict(list))
     asked: Counter = field(default_factory=Counter)
     violations: list[str] = field(default_factory=list)
+    sending: dict[str, set[Actor]] = field(default_factory=dict)  # webhook id: senders
+    sent: Counter = field(default_factory=Counter)  # webhook id: requests sent
 
     def effect(self, ctx: ToolContext, name: str) -> None:
         actor = CURRENT.get()
