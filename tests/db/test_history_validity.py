@@ -338,6 +338,15 @@ def test_pause_turn__a_run_ending_right_after_it_leaves_a_history_the_next_messa
 # --------------------------------------------------------------------------- prefill
 
 
+# A structured output the tests below resume after it failed.
+COUNT = {
+    "type": "object",
+    "properties": {"n": {"type": "integer"}},
+    "required": ["n"],
+    "additionalProperties": False,
+}
+
+
 @pytest.mark.no_projection_check  # the answer's row is rewritten below, not its events
 def test_structured_output__resume_sends_no_prefill(api, client, agent):
     """Resumed after invalid_structured_output, the run's last answer would be the last
@@ -345,13 +354,7 @@ def test_structured_output__resume_sends_no_prefill(api, client, agent):
     is continued after a user message already; a complete one that broke its schema is
     rare under the API's constrained decoding, and the stand-in will not script one, so the
     row is written as such.) A user message asks again."""
-    schema = {
-        "type": "object",
-        "properties": {"n": {"type": "integer"}},
-        "required": ["n"],
-        "additionalProperties": False,
-    }
-    agent("counter", model="claude-sonnet-5-5", thinking="adaptive", output_format=schema)
+    agent("counter", model="claude-sonnet-5-5", thinking="adaptive", output_format=COUNT)
     api.script = by_step([Reply('{"n": 1', stop_reason="max_tokens"), Reply('{"n": 3}')])
     run = start_run("counter", "Count.")
     drive(run, client)
@@ -370,18 +373,12 @@ def test_structured_output__the_resume_notice_stays_in_the_history(api, client, 
     that could not be used and that turn in every later request (it was sent only once, so
     the resumed turn's thinking, written after it, was dropped from its own tool-use loop
     and two assistant messages sat back to back)."""
-    schema = {
-        "type": "object",
-        "properties": {"n": {"type": "integer"}},
-        "required": ["n"],
-        "additionalProperties": False,
-    }
     agent(
         "counter2",
         model="claude-sonnet-5-5",
         tools=[lookup],
         thinking="adaptive",
-        output_format=schema,
+        output_format=COUNT,
     )
     api.script = by_step(
         [
