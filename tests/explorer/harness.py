@@ -148,6 +148,12 @@ SCENARIOS = {
     "pay": Scenario("pay", ((("x_pay", {"amount": 5}),),), people=("cancel",)),
     # A charge without a check: an unknown outcome goes to a person.
     "charge": Scenario("charge", ((("x_charge", {"amount": 7}),),), people=("cancel", "resume")),
+    # A lookup then a payment, forked after the lookup while the original goes on.
+    "fork": Scenario(
+        "fork",
+        ((("x_look", {"q": "f"}),), (("x_pay", {"amount": 4}),)),
+        people=("fork", "cancel"),
+    ),
     # An approval raced by people and workers; its receiver fails (an SMTP error).
     "approve": Scenario(
         "approve",

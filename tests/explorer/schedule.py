@@ -20,6 +20,7 @@ from django.db import connection
 from django_agentrun import (
     approve_tool_call,
     cancel_run,
+    fork_run,
     reject_tool_call,
     resolve_tool_call,
     resume_run,
@@ -32,7 +33,7 @@ from django_agentrun.exceptions import AgentRunError
 from django_agentrun.models import Run, ToolCall
 from django_agentrun.reaper import reap
 from django_agentrun.services import send_message, start_conversation, stop_conversation
-from django_agentrun.states import RunState, ToolCallState
+from django_agentrun.states import TOOL_CALL_CLOSED, RunState, ToolCallState
 
 from . import world as w
 from .controller import BLOCKED, CRASHED, PARKED, Actor, Controller
@@ -179,7 +180,9 @@ class World:
                     "conversation_position"
                 )
             )
-        return list(Run.objects.filter(pk=self.run_id))
+        return list(
+            Run.objects.filter(pk=self.run_id) | Run.objects.filter(forked_from=self.run_id)
+        )
 
     def run_ids(self) -> list[Any]:
         return [r.pk for r in self.snapshot()[0]]
@@ -191,9 +194,9 @@ class World:
             cursor.execute(
                 "SELECT id, state, lease_owner, cancel_requested_at IS NOT NULL,"
                 " lease_expires_at < statement_timestamp() FROM agentrun_run"
-                " WHERE id = %s OR conversation_id = %s"
-                " ORDER BY conversation_position NULLS FIRST, id",
-                [self.run_id, self.conversation_id],
+                " WHERE id = %s OR conversation_id = %s OR forked_from_id = %s"
+                " ORDER BY conversation_position NULLS FIRST, forked_from_id NULLS FIRST, id",
+                [self.run_id, self.conversation_id, self.run_id],
             )
             runs = [Row(*r) for r in cursor.fetchall()]
             cursor.execute(
@@ -527,6 +530,8 @@ class World:
                 offer("cancel", lambda r=last.pk: cancel_run(r, reason="person cancels"))
             elif intent == "resume" and last is not None and last.state in TERMINAL[1:]:
                 offer("resume", lambda r=last.pk: resume_run(r))
+            elif intent == "fork" and runs and any(c.state in TOOL_CALL_CLOSED for c in calls):
+                offer("fork", lambda r=runs[0].pk: fork_run(r, at_turn=1))
             elif intent in ("approve", "reject"):
                 for call in calls:
                     if call.state == ToolCallState.AWAITING_APPROVAL:

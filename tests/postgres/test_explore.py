@@ -34,6 +34,7 @@ SEEDS = {
     "batch": 50,
     "charge": 150,
     "chat": 50,
+    "fork": 50,
     "hooks": 50,
     "park": 220,
     "pay": 100,
