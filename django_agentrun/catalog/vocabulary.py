@@ -19,6 +19,13 @@ STATUSES = frozenset({"current", "legacy"})
 # platform.claude.com data-residency page names the parameter and the models).
 US_ONLY_MULTIPLIER = Decimal("1.1")
 
+# A refusal that arrives before any output is billed only in these stop_details categories
+# (Refusals and fallback, "How refusals are billed",
+# https://platform.claude.com/docs/en/build-with-claude/refusals-and-fallback#how-refusals-are-billed;
+# release notes 2026-09-24): any other category, or none, is not billed. A refusal after
+# output (mid-stream) bills the input and the output streamed, as any answer.
+REFUSAL_BILLED_CATEGORIES = frozenset({"bio", "frontier_llm", "reasoning_extraction"})
+
 # Server tool type names (anthropic 2.16 ToolUnionParam), by family.
 WEB_SEARCH = ("web_search_20250305", "web_search_20260209", "web_search_20260318")
 WEB_FETCH = (

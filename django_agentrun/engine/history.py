@@ -131,8 +131,10 @@ def _add(
     add_user(messages, user_message(input, context))
     cut_off = False
     for turn in sorted(turns, key=lambda t: t.index):
-        if not turn.content:
-            continue  # no response recorded (cancelled or failed before it)
+        if not turn.content or turn.stop_reason == "refusal":
+            # No response recorded (cancelled or failed before it), or a refused one: the
+            # conversation goes on from before it (model_turn._answered cites the docs).
+            continue
         if cut_off:
             add_user(messages, user_message(CONTINUE_NOTICE))
         else:
@@ -308,7 +310,12 @@ def final_output(
     turns: Sequence[Any], has_calls: Any, refusal: dict[str, Any] | None
 ) -> dict[str, Any]:
     """A completed run's output: the text of its last answer (with the text of the answers
-    cut off at max_tokens that it continued, joined before it), its content, a refusal."""
+    cut off at max_tokens that it continued, joined before it), its content, a refusal. A
+    refused answer's partial output is incomplete and discarded (Refusals and fallback,
+    https://platform.claude.com/docs/en/build-with-claude/refusals-and-fallback): the output
+    is the refusal."""
+    if refusal is not None:
+        return {"text": "", "content": [], "refusal": refusal}
     answered = [t for t in turns if t.content]
     final = answered[-1] if answered else None
     parts = answered[-1:]
@@ -320,8 +327,6 @@ def final_output(
         "text": "".join(text_of(t.content) for t in parts),
         "content": final.content if final else [],
     }
-    if refusal is not None:
-        output["refusal"] = refusal
     return output
 
 

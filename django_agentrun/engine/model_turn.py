@@ -246,8 +246,10 @@ def record(step: Step, turn: Turn, response: ModelResponse, retries: int) -> Com
     content = sanitize_content(response.content)
     usage = response.usage.as_dict()
     billed = response.usage.as_billed()  # with cache writes by TTL and server tool use
-    cost = guards.price(step.prices, billed)
     stop = response.stop_reason or ""
+    # A refused answer is paid for as the docs bill it (guards.refusal_billed).
+    charged = stop != "refusal" or guards.refusal_billed(response.content, response.stop_details)
+    cost = guards.price(step.prices, billed) if charged else guards.price(None, billed)
     blocks = [b for b in content if b.get("type") == "tool_use"]
     truncated_id = (
         content[-1].get("id")
@@ -284,7 +286,7 @@ def record(step: Step, turn: Turn, response: ModelResponse, retries: int) -> Com
         )
         failed = {"code": "invalid_model_output", "message": message, "phase": "model"}
         return commit_of(step, write, At.ANSWER, Ended.UNUSABLE_IDS, turn=turn, **failed)
-    calls = intents(step, write, turn, blocks, truncated_id)
+    calls = intents(step, write, turn, blocks, truncated_id, refused=stop == "refusal")
     exceeded = stop == "model_context_window_exceeded"
     transitions.answer_turn(
         write,
@@ -301,6 +303,8 @@ def record(step: Step, turn: Turn, response: ModelResponse, retries: int) -> Com
         failed = {"code": "context_window_exceeded", "message": message, "phase": "model"}
         return commit_of(step, write, At.ANSWER, Ended.CONTEXT_EXCEEDED, turn=turn, **failed)
     ended, refusal = _answered(step, turn, calls, stop, response)
+    if refusal is not None:
+        refusal["billed"] = charged
     ctx = {"turn": turn, "stop_reason": stop, "refusal": refusal}
     return commit_of(step, write, At.ANSWER, ended, ("model.after_commit", None), **ctx)
 
@@ -308,7 +312,21 @@ def record(step: Step, turn: Turn, response: ModelResponse, retries: int) -> Com
 def _answered(
     step: Step, turn: Turn, calls: list[ToolCall], stop: str, response: ModelResponse
 ) -> tuple[Ended, dict[str, Any] | None]:
-    """What the answer ended with (step.FOLLOWS says what follows it), and its refusal."""
+    """What the answer ended with (step.FOLLOWS says what follows it), and its refusal.
+
+    A refused answer ends the run whatever it streamed before the refusal (ARCHITECTURE.md
+    invariant 11): its calls were closed as not run (`intents`), and the conversation goes
+    on from before it (history.build_messages leaves it out): "you must reset the
+    conversation context by removing or updating the turn that was refused before
+    continuing" (https://platform.claude.com/docs/en/test-and-evaluate/strengthen-guardrails/handle-streaming-refusals),
+    and its partial output is incomplete and discarded (history.final_output;
+    https://platform.claude.com/docs/en/build-with-claude/refusals-and-fallback)."""
+    if stop == "refusal":
+        # The model that answered (the API may have fallen back to another) and why.
+        refusal = {"model": response.model, **(response.stop_details or {})}
+        refusal.pop("type", None)
+        refusal["left_out_of_history"] = True
+        return Ended.ANSWERED, refusal
     if any(c.state not in TOOL_CALL_CLOSED for c in calls):
         return Ended.CALLS_OPEN, None
     if calls:
@@ -320,12 +338,7 @@ def _answered(
         # The API paused its own loop (server tools) or stopped after compacting: the next
         # turn sends this content back as the last message and the API goes on from it.
         return Ended.PAUSED, None
-    if stop != "refusal":
-        return Ended.ANSWERED, None
-    # The model that answered (the API may have fallen back to another) and why.
-    refusal = {"model": response.model, **(response.stop_details or {})}
-    refusal.pop("type", None)
-    return Ended.ANSWERED, refusal
+    return Ended.ANSWERED, None
 
 
 def describe(value: Any) -> str:
@@ -343,12 +356,23 @@ FINAL_TURN = (
     "Not run: the turn limit of this run is reached and no more tools may be called. Answer "
     "with what you have."
 )
+REFUSED = (
+    "Not run: the answer that asked for this call ended in a refusal (stop_reason "
+    "refusal), so nothing in it was run and it is left out of the conversation."
+)
 
 
 def intents(
-    step: Step, write: Write, turn: Turn, blocks: list[dict[str, Any]], truncated_id: str | None
+    step: Step,
+    write: Write,
+    turn: Turn,
+    blocks: list[dict[str, Any]],
+    truncated_id: str | None,
+    *,
+    refused: bool = False,
 ) -> list[ToolCall]:
-    """The calls of `turn`, built (added with the answer); their events recorded."""
+    """The calls of `turn`, built (added with the answer); their events recorded. The calls
+    of a `refused` answer close at once, not run."""
     config, run = step.config, step.run
     cap = config.max_tool_calls_per_turn
     threshold = config.repeat_threshold
@@ -359,7 +383,12 @@ def intents(
     for position, block in enumerate(blocks):
         name = str(block.get("name", ""))
         raw = block.get("input") if isinstance(block.get("input"), dict) else {}
-        state, error, arguments = _guard(step, turn, block, name, raw, position, cap, truncated_id)
+        if refused:
+            state, error, arguments = ToolCallState.SKIPPED, REFUSED, raw
+        else:
+            state, error, arguments = _guard(
+                step, turn, block, name, raw, position, cap, truncated_id
+            )
         digest = arguments_hash(name, arguments)
         looped = state == ToolCallState.REQUESTED and guards.repeated(
             history, digest, threshold, window

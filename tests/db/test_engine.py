@@ -341,7 +341,8 @@ def test_stop_reason__without_tools_completes(stop):
     assert outcomes == [Outcome.FINISHED]
     assert run.state == "completed"
     assert run.stop_reason == stop
-    assert run.output["text"] == f"answer ({stop})"
+    # A refused answer's partial output is discarded (the output is the refusal).
+    assert run.output["text"] == ("" if stop == "refusal" else f"answer ({stop})")
     assert run.turns.get().stop_reason == stop
     assert len(client.requests) == 1
     assert_projection_matches(run)

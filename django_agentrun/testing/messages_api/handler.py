@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from . import model_list, options, replies, servertools
 from .cache import PromptCache, tokens
 from .recorder import Recorder
+from .refusals import RefusedAnswers, continued_refusal
 from .script import Reply, Script, ScriptExhausted, as_reply, new_id
 from .validation import APIRequestError, invalid, validate_request
 
@@ -46,11 +47,13 @@ class APIHTTPServer(ThreadingHTTPServer):
         api: Served,
         recorder: Recorder,
         cache: PromptCache | None = None,
+        refused: RefusedAnswers | None = None,
     ) -> None:
         super().__init__(address, Handler)
         self.api = api
         self.recorder = recorder
         self.cache = cache if cache is not None else PromptCache()
+        self.refused = refused if refused is not None else RefusedAnswers()
         self.stopping = threading.Event()
         self._lock = threading.Lock()
         self._connections: set[socket.socket] = set()
@@ -249,6 +252,8 @@ class Handler(BaseHTTPRequestHandler):
                 # MessageCreateParams.max_tokens; prompt-caching "Pre-warming the cache"):
                 # the script is not asked. The empty answer's shape is UNSOURCED.
                 reply = Reply(content=[], stop_reason="max_tokens", usage={"output_tokens": 0})
+            elif self.server.refused.sent_again(body):
+                reply = continued_refusal()  # the script is not asked (refusals.py)
             else:
                 reply = as_reply(api.script, body) if api.script is not None else None
             if reply is None:
@@ -271,6 +276,7 @@ class Handler(BaseHTTPRequestHandler):
             )
             return
         reply = _compacted(body, reply)
+        self.server.refused.remember(reply)
         if limited:
             reply = replace(reply, headers={**limited, **reply.headers})
         # Read and written by the prompt cache when the API reads the prompt: once answered.
