@@ -360,6 +360,9 @@ _ABOUT_HISTORY = re.compile(
 )
 
 
+_USAGE_LIMIT = re.compile(r"you have reached your .*usage limits", re.I)
+
+
 def model_failure(exc: ModelError) -> tuple[str, str]:
     """The run's error code and message for a model call that failed for good.
 
@@ -369,6 +372,11 @@ def model_failure(exc: ModelError) -> tuple[str, str]:
     offending tool result (services.replace_tool_result) and resumes the run."""
     if exc.retryable:
         return "model_unavailable", str(exc)
+    if exc.status == 429 or (exc.status == 400 and _USAGE_LIMIT.search(str(exc))):
+        # A limit the API says not to retry (the tier's spend cap), or a spend limit set in
+        # the Console: retrying fails until access resumes (clients/anthropic.usage_limit
+        # cites the rate-limits page). A 429 that may be retried is parked, never here.
+        return "usage_limit_reached", str(exc)
     if exc.status == 413 or (exc.status == 400 and _ABOUT_HISTORY.search(str(exc))):
         return (
             "history_rejected",

@@ -47,6 +47,7 @@ from .history import (
     sanitize_content,
     user_message,
 )
+from .limits import parked
 from .step import At, Commit, Ended, Step, commit_of
 
 logger = logging.getLogger(__name__)
@@ -64,10 +65,7 @@ def ask(step: Step, turn: Turn) -> Commit:
         return commit_of(step, step.write(), At.ANSWER, Ended.STREAM_ABORTED)
     except RateLimited as exc:
         # Nothing answered, nothing paid: the run waits out the limit parked, not here.
-        delay = exc.retry_after or agentrun_settings.MODEL_RETRY_BASE_SECONDS
-        delay = min(delay, agentrun_settings.MODEL_RETRY_MAX_SECONDS) * (1 + random.random() / 5)
-        logger.info("Rate limited (%s), parked for %.1fs run_id=%s", exc, delay, step.run_id)
-        return commit_of(step, step.write(), At.ANSWER, Ended.RATE_LIMITED, delay=delay)
+        return parked(step, turn, exc)
     except ModelError as exc:
         code, message = model_failure(exc)
         failed = {"code": code, "message": message[:2000], "phase": "model"}
@@ -195,9 +193,10 @@ def call_model(
         try:
             return complete(step.client.create(sent, abort=step.abort)), attempt
         except ModelError as exc:
-            if isinstance(exc, RateLimited) or exc.status in (429, 529):
+            if exc.retryable and (isinstance(exc, RateLimited) or exc.status in (429, 529)):
                 # The account's limit or the API's overload: never waited out in the slot,
-                # the run is parked and asks again later (a retry all the same).
+                # the run is parked and asks again later (a retry all the same). A 429 the
+                # API says not to retry (the spend cap) is final: it fails below.
                 telemetry.model_retry(exc.status, req.model, parked=True)
                 raise exc if isinstance(exc, RateLimited) else _rate_limited(exc) from exc
             if not exc.retryable or attempt == retries:

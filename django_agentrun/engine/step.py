@@ -592,7 +592,7 @@ def _actions() -> dict[str, Any]:
         "complete_turn": lambda step, write, ctx: transitions.complete_turn(write, ctx["turn"]),
         "continue_run": lambda step, write, ctx: transitions.continue_run(write, step.run),
         "hand_off": lambda step, write, ctx: transitions.hand_off(write, step.run),
-        "hold": lambda step, write, ctx: transitions.hold(write, step.run, ctx["delay"]),
+        "hold": lambda s, w, ctx: transitions.hold(w, s.run, ctx["delay"], ctx.get("limited")),
     }
 
 

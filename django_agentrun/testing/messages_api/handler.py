@@ -143,14 +143,11 @@ class Handler(BaseHTTPRequestHandler):
     def _send_error(self, exc: APIRequestError, headers: dict[str, str] | None = None) -> None:
         self._rec["status"] = exc.status
         self._rec["error"] = f"{exc.error_type}: {exc.message}"
+        error: dict[str, Any] = {"type": exc.error_type, "message": exc.message}
+        if exc.details:
+            error["details"] = exc.details
         self._send_json(
-            exc.status,
-            {
-                "type": "error",
-                "error": {"type": exc.error_type, "message": exc.message},
-                "request_id": self._request_id,
-            },
-            headers,
+            exc.status, {"type": "error", "error": error, "request_id": self._request_id}, headers
         )
 
     def _client_gone(self, timeout: float) -> bool:
@@ -271,7 +268,9 @@ class Handler(BaseHTTPRequestHandler):
             return
         if reply.is_error:
             self._send_error(
-                APIRequestError(reply.status, reply.error_message or "", reply.error_type),
+                APIRequestError(
+                    reply.status, reply.error_message or "", reply.error_type, reply.error_details
+                ),
                 reply.headers,
             )
             return

@@ -70,11 +70,18 @@ _BLOCK_TYPES = frozenset(
 class APIRequestError(Exception):
     """A request the API would refuse: `status`, `error_type` and `message` as it answers them."""
 
-    def __init__(self, status: int, message: str, error_type: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        error_type: str | None = None,
+        details: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.error_type = error_type or ERROR_TYPES.get(status, "api_error")
+        self.details = details
 
 
 def invalid(message: str) -> APIRequestError:
