@@ -178,9 +178,8 @@ class AnthropicModelClient:
         governor = _governor.get_governor()
         if governor is not None:
             scope = self._scope()
-            verdict = governor.admit(
-                scope, request.model, request.admission, _governor.estimate_input_tokens(params)
-            )
+            spent = _governor.estimate_input_tokens(params, request.admission)
+            verdict = governor.admit(scope, request.model, request.admission, spent)
             if not verdict.go:
                 raise RateLimited(
                     "Not now: the account's rate limit is spent (the governor).",

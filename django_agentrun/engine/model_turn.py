@@ -146,9 +146,22 @@ def request(step: Step, turn: Turn) -> ModelRequest:
 
 def admission(step: Step) -> dict[str, Any]:
     """Who a request is for, as the governor's fair share reads it: the run, and the key it
-    was created with (Run.share_key; named again for a run made before it was kept)."""
+    was created with (Run.share_key; named again for a run made before it was kept); and
+    `previous`: the usage of the run's last answer while its cache entries live (the
+    governor learns from it what of the prompt is cached: clients/estimate.py)."""
     run = step.run
-    return {"run": run, "key": run.share_key or share_key(run)}
+    found: dict[str, Any] = {"run": run, "key": run.share_key or share_key(run)}
+    last = step.turns[-1] if step.turns else None
+    if last is not None and last.content:
+        # The cache entry lives its TTL from the request that last used it (the turn's).
+        ttl = 3600 if step.config.cache_ttl == "1h" else 300
+        if (timezone.now() - last.started_at).total_seconds() < ttl:
+            found["previous"] = {
+                "input_tokens": last.input_tokens,
+                "cache_creation_input_tokens": last.cache_creation_input_tokens,
+                "cache_read_input_tokens": last.cache_read_input_tokens,
+            }
+    return found
 
 
 def _continued(records: list[TurnRecord]) -> bool:
