@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from datetime import date
 from decimal import Decimal
 from typing import Any
 
@@ -287,10 +288,16 @@ _TABLE: tuple[ModelInfo, ...] = (
         cache_min_tokens=1024,
         prices=_p("3", "15", "3.75", "6", "0.30"),
     ),
-    # Opus 4.5: 200K / 64K, $5 / $25, budgets, effort low..high; minimum 4,096.
+    # Opus 4.5: 200K / 64K, $5 / $25, budgets, effort low..high; minimum 4,096. Deprecated
+    # on 2026-11-23, retiring 2027-01-22 (replacement Opus 5.5): a third-party page quoting
+    # the deprecations page (modelpin 0.5.7 release notes,
+    # https://github.com/samarthputhraya/Modelpin/releases/tag/v0.5.7); the stored Opus 4.5
+    # page still says legacy.
     _m(
         "claude-opus-4-5",
         "legacy",
+        deprecated=date(2027, 1, 22),
+        replacement="claude-opus-5-5",
         context_window=200_000,
         max_output=64_000,
         thinking=frozenset({"enabled", "disabled"}),
@@ -306,10 +313,16 @@ _TABLE: tuple[ModelInfo, ...] = (
         unsourced=frozenset(("thinking_display",)),
     ),
     # Sonnet 4.5: 200K / 64K, $3 / $15, writes $3.75 / $6, reads $0.30; minimum 1,024.
-    # Still on the pricing page; kept for the projects that run it.
+    # Retired on 2026-11-30, replacement Sonnet 5.5 (the Sonnet 4.5 model page: "retires on
+    # November 30, 2026. Recommended replacement: Claude Sonnet 5.5",
+    # https://platform.claude.com/docs/en/models/sonnet-4-5/overview): kept so that its
+    # recorded runs are priced and a request to it is refused naming the replacement.
     _m(
         "claude-sonnet-4-5",
         "legacy",
+        deprecated=date(2026, 11, 30),
+        retired=True,
+        replacement="claude-sonnet-5-5",
         context_window=200_000,
         max_output=64_000,
         thinking=frozenset({"enabled", "disabled"}),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, date, datetime
 from decimal import Decimal
 
 D = Decimal
@@ -120,6 +121,21 @@ class ModelInfo:
     # The fields of this entry the stored platform docs do not give (UNSOURCED: from
     # third-party pages, a sibling model, or this project's earlier beliefs).
     unsourced: frozenset[str] = frozenset()
+    # The lifecycle ("Model deprecations": active, legacy, deprecated, retired,
+    # https://platform.claude.com/docs/en/about-claude/model-deprecations): a deprecated
+    # model's retirement date (requests fail from that day on), `retired` once the docs say
+    # so, and the replacement they recommend.
+    deprecated: date | None = None
+    retired: bool = False
+    replacement: str = ""
+
+    def lifecycle(self, today: date | None = None) -> str:
+        """ "retired" (requests to it fail), "deprecated" (it retires on `deprecated`), or its
+        status ("current", "legacy"), on `today` (UTC)."""
+        today = today or datetime.now(UTC).date()
+        if self.retired or (self.deprecated is not None and self.deprecated <= today):
+            return "retired"
+        return "deprecated" if self.deprecated is not None else self.status
 
     def efforts_for(self, thinking: str) -> frozenset[str]:
         """The effort levels `thinking` (a thinking.type) is accepted at on this model."""

@@ -68,7 +68,7 @@ def agent() -> Iterator[Any]:
 
     def define(name: str, **options: Any) -> Agent:
         names.append(name)
-        options.setdefault("model", "claude-sonnet-4-5")
+        options.setdefault("model", "claude-sonnet-4-6")
         return Agent(name, **options)
 
     yield define

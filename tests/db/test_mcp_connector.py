@@ -48,7 +48,7 @@ def client(api: MessagesAPIServer) -> Iterator[AnthropicModelClient]:
 def docs_agent() -> Iterator[Agent]:
     agent = Agent(
         "mcp-connector",
-        model="claude-sonnet-4-5",
+        model="claude-sonnet-4-6",
         tools=[lookup],
         server_tools=[
             MCPConnector(
@@ -101,7 +101,7 @@ def test_connector__blocks_recorded_and_sent_back__never_executed(api, client, d
 
 def test_stand_in__refuses_what_the_api_refuses():
     body = {
-        "model": "claude-sonnet-4-5",
+        "model": "claude-sonnet-4-6",
         "max_tokens": 10,
         "messages": [{"role": "user", "content": "hi"}],
         "mcp_servers": [{"type": "url", "url": "https://x.example/mcp", "name": "x"}],

@@ -34,7 +34,7 @@ from django_agentrun.testing.messages_api import (
 pytestmark = pytest.mark.timeout(10)
 
 API_KEY = "sk-ant-test-0123456789"
-MODEL = "claude-sonnet-4-5"
+MODEL = "claude-sonnet-4-6"
 TOOLS = [
     {
         "name": "search",

@@ -29,7 +29,7 @@ SYSTEM = [{"type": "text", "text": "You are terse."}]
 
 def request(messages: list[dict[str, Any]], **overrides: Any) -> dict[str, Any]:
     return {
-        "model": "claude-sonnet-4-5",
+        "model": "claude-haiku-4-5",
         "max_tokens": 64,
         "system": SYSTEM,
         "tools": TOOLS,
@@ -142,7 +142,7 @@ def test_sdk__a_streamed_thinking_block_goes_back_and_a_changed_prompt_gets_the_
 ):
     asked = [{"role": "user", "content": "Otters?"}]
     with client.messages.stream(
-        model="claude-sonnet-4-5", max_tokens=64, system="A", messages=asked
+        model="claude-haiku-4-5", max_tokens=64, system="A", messages=asked
     ) as stream:
         message = stream.get_final_message()
     thought = message.content[0].model_dump(exclude_none=True)
@@ -152,9 +152,9 @@ def test_sdk__a_streamed_thinking_block_goes_back_and_a_changed_prompt_gets_the_
         {"role": "assistant", "content": [thought]},
         {"role": "user", "content": "More?"},
     ]
-    client.messages.create(model="claude-sonnet-4-5", max_tokens=64, system="A", messages=again)
+    client.messages.create(model="claude-haiku-4-5", max_tokens=64, system="A", messages=again)
     with pytest.raises(anthropic.BadRequestError) as refused:
-        client.messages.create(model="claude-sonnet-4-5", max_tokens=64, system="B", messages=again)
+        client.messages.create(model="claude-haiku-4-5", max_tokens=64, system="B", messages=again)
     body = refused.value.response.json()
     assert body["type"] == "error" and body["request_id"].startswith("req_")
     assert body["error"] == {
