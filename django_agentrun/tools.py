@@ -7,6 +7,7 @@ import inspect
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import time
@@ -170,6 +171,10 @@ def _terminate_group(proc: subprocess.Popen, grace: float) -> None:
 
 ApprovalPolicy = bool | Callable[[dict[str, Any], Any], bool]
 
+# A tool's name as the Messages API takes it: "Must match the regex ^[a-zA-Z0-9_-]{1,64}$"
+# (Define tools, https://platform.claude.com/docs/en/agents-and-tools/tool-use/define-tools).
+TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+
 
 class Tool:
     """A plain function the model may call; see `tool()`."""
@@ -199,6 +204,11 @@ class Tool:
             raise ConfigurationError(
                 f"Tool {self.name}: side_effect must be one of {', '.join(SideEffect.values)}"
             ) from None
+        if not TOOL_NAME.match(self.name):
+            raise ConfigurationError(
+                f"Tool {self.name!r}: a tool's name is 1 to 64 letters, digits, _ or - (the "
+                "Messages API refuses any other); name it with @tool(name=...)"
+            )
         self.reconcile = reconcile
         self.requires_approval = requires_approval
         self.approval_timeout = approval_timeout

@@ -48,9 +48,10 @@ _SET_FIELDS = {
 }
 _INT_FIELDS = {"context_window", "max_output", "cache_min_tokens"}
 # Fields a new entry may leave out: their defaults apply (the lifecycle: an entry is live).
-_OPTIONAL_FIELDS = {"deprecated", "retired", "replacement"}
+_OPTIONAL_FIELDS = {"deprecated", "retired", "replacement", "preserved_thinking"}
 _BOOL_FIELDS = {
     "retired",
+    "preserved_thinking",
     "forced_tool_choice",
     "sampling",
     "thinking_budget",

@@ -35,8 +35,16 @@ STREAMING_REFUSALS = (
     "handle-streaming-refusals"
 )
 RATE_LIMITS = "https://platform.claude.com/docs/en/api/rate-limits"
+DEFINE_TOOLS = "https://platform.claude.com/docs/en/agents-and-tools/tool-use/define-tools"
+SYSTEM_MESSAGES = (
+    "https://platform.claude.com/docs/en/build-with-claude/mid-conversation-system-messages"
+)
+PTC = "https://platform.claude.com/docs/en/agents-and-tools/tool-use/programmatic-tool-calling"
+PRESERVED = "https://platform.claude.com/docs/en/build-with-claude/preserved-thinking"
+EXTENDED_THINKING = "https://platform.claude.com/docs/en/build-with-claude/extended-thinking"
 # Third-party pages a rule rests on where the stored official docs are silent.
 MODELPIN_0_5_7 = "https://github.com/samarthputhraya/Modelpin/releases/tag/v0.5.7"
+CONTINUE_11446 = "https://github.com/continuedev/continue/issues/11446"
 
 Check = Callable[[ModelInfo, Mapping[str, Any]], list[str]]
 
@@ -254,11 +262,62 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "max_tokens_zero",
-        "nothing: max_tokens 0 is accepted (it fills the prompt cache without an answer)",
+        "max_tokens 0 (pre-warming the cache) with stream, thinking enabled, "
+        "output_config.format or a forced tool_choice; alone it is accepted",
         (CACHING + "#pre-warming-the-cache",),
-        "the stand-in accepts it as the API does (empty content, stop_reason max_tokens)",
-        note="The response's shape for max_tokens 0 is UNSOURCED; the SDK's "
-        "MessageCreateParams.max_tokens documents the value.",
+        "the app never sends max_tokens 0; the stand-in answers it with empty content, "
+        "stop_reason max_tokens, and refuses the four combinations",
+        note="The response's shape for max_tokens 0 and the refusal's wording are UNSOURCED.",
+    ),
+    Rule(
+        "tool_name",
+        "a tool name that does not match ^[a-zA-Z0-9_-]{1,64}$",
+        (DEFINE_TOOLS,),
+        "a @tool or an MCP tool (as the model sees it) with such a name is refused when it "
+        "is defined or listed (ConfigurationError)",
+    ),
+    Rule(
+        "whitespace_text",
+        "a text block that is empty or holds only whitespace",
+        (),
+        "blank text blocks are left out of a recorded answer (history.sanitize_content)",
+        note="No official page states it; clients quote the API's error 'text content blocks "
+        "must contain non-whitespace text'.",
+        third_party=(CONTINUE_11446,),
+    ),
+    Rule(
+        "automatic_caching_ttl",
+        "automatic caching (the top-level cache_control) whose TTL differs from the "
+        "explicit cache_control of the last block",
+        (CACHING + "#automatic-caching",),
+        "no top-level marker where the host marked the last block itself (clients/caching)",
+    ),
+    Rule(
+        "system_messages",
+        'a role "system" entry in messages on a model without mid-conversation system '
+        "messages, first, or placed other than after a user turn (or a server tool result) "
+        "and before an assistant turn or the end",
+        (SYSTEM_MESSAGES,),
+        "the app sends none; the stand-in takes them where the page places them",
+        note="The 5.2 and 5.5 models are newer than the page: taken there (UNSOURCED).",
+    ),
+    Rule(
+        "programmatic_tool_calling",
+        "nothing: a server tool use that called a client tool is answered in a later "
+        "response, after the client's tool_result",
+        (PTC,),
+        "the stand-in takes such a history (it refused it before)",
+    ),
+    Rule(
+        "thinking_prefix_check",
+        "on the preserved-thinking models (Fable 5.1 and later), a thinking block after a "
+        "changed prefix; on the earlier ones, an open tool loop's last assistant turn "
+        "without the thinking it was answered with",
+        (PRESERVED, EXTENDED_THINKING),
+        "preserved_thinking per model: blocks after a change are left out there; elsewhere "
+        "the open loop's last turn keeps its thinking",
+        note="Which models besides Fable 5.1, Sonnet 5.5 and Haiku 5.5 run the check is "
+        "UNSOURCED (see each entry's unsourced fields).",
     ),
     Rule(
         "thinking_type",

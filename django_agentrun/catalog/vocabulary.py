@@ -118,6 +118,12 @@ class ModelInfo:
     fixed_effort_with: frozenset[str] = frozenset()
     # The request's inference_geo accepted (Claude Opus 4.6 and later).
     inference_geo: bool = True
+    # The API checks a thinking block sent back against what preceded it ("Starting with
+    # Claude Fable 5.1", preserved thinking,
+    # https://platform.claude.com/docs/en/build-with-claude/preserved-thinking): a block
+    # after a changed prefix is refused or dropped. Earlier models take a block back
+    # whatever preceded it, and need the open tool loop's last turn to keep its thinking.
+    preserved_thinking: bool = False
     # The fields of this entry the stored platform docs do not give (UNSOURCED: from
     # third-party pages, a sibling model, or this project's earlier beliefs).
     unsourced: frozenset[str] = frozenset()

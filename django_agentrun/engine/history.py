@@ -228,6 +228,7 @@ def keep_valid_thinking(
     model: str,
     system: Any,
     tools: Any,
+    preserved: bool = True,
 ) -> list[dict[str, Any]]:
     """`messages` with every thinking block the API would refuse left out.
 
@@ -242,9 +243,18 @@ def keep_valid_thinking(
     with `prefix_mismatch_behavior: "drop_block"` (the blocks dropped, the request answered).
     Every later block differs with it, except one written after the change (its own prefix
     already without it). A turn recorded before the hash was kept (empty `prefix`) is
-    trusted until the first block left out."""
+    trusted until the first block left out.
+
+    Only the `preserved`-thinking models run that check ("Starting with Claude Fable 5.1",
+    preserved thinking; catalog ModelInfo.preserved_thinking). On the others (Opus and
+    Sonnet 4.x, ...) the thinking of the open tool-use loop's last assistant turn must go
+    back ("During tool use, you must pass thinking blocks back to the API for the last
+    assistant message", https://platform.claude.com/docs/en/build-with-claude/extended-thinking)
+    and is kept whatever changed before it; earlier turns' blocks, which those models strip
+    themselves, are left out as above."""
     if not any(has_thinking(m["content"]) for m in messages if m["role"] == "assistant"):
         return messages
+    loop = _open_loop(messages) if not preserved else None
     digest = _prefix_digest(model, system, tools)
     changed = False
     out = []
@@ -252,7 +262,9 @@ def keep_valid_thinking(
         origin = origins.get(id(message))
         record = origin[1] if origin is not None and origin[0] is message else None
         if message["role"] == "assistant" and has_thinking(message["content"]):
-            if record is not None and record.prefix:
+            if message is loop:
+                drop = False  # the open loop's turn keeps its thinking (above)
+            elif record is not None and record.prefix:
                 # Written after what precedes it now (even after a block left out): valid.
                 drop = digest.hexdigest() != record.prefix
             else:
@@ -264,6 +276,18 @@ def keep_valid_thinking(
         out.append(message)
         digest.update(_canonical(message) + b"\0")
     return out
+
+
+def _open_loop(messages: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The assistant message of an open tool-use loop: the last but one message, answered
+    by the last (a user message that starts with its tool results)."""
+    if len(messages) < 2 or messages[-1]["role"] != "user" or messages[-2]["role"] != "assistant":
+        return None
+    content = messages[-1]["content"]
+    first = content[0] if isinstance(content, list) and content else None
+    if isinstance(first, dict) and first.get("type") == "tool_result":
+        return messages[-2]
+    return None
 
 
 def add_user(messages: list[dict[str, Any]], message: dict[str, Any]) -> None:

@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from .. import streams, telemetry, transitions
 from ..agents import share_key
+from ..catalog import model_info
 from ..clients import ModelError, ModelRequest, ModelResponse, RateLimited, StreamAborted
 from ..conf import agentrun_settings
 from ..events import payloads
@@ -124,8 +125,14 @@ def request(step: Step, turn: Turn) -> ModelRequest:
     if not config.tools:
         tool_choice = None  # the API refuses a tool_choice without tools
     tools = list(config.tools)
+    info = model_info(config.model)
     messages = keep_valid_thinking(
-        messages, origins, model=config.model, system=system, tools=tools
+        messages,
+        origins,
+        model=config.model,
+        system=system,
+        tools=tools,
+        preserved=info.preserved_thinking if info is not None else True,
     )
     return ModelRequest(
         model=config.model,

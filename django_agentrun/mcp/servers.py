@@ -7,7 +7,6 @@ Plain data, no `mcp` import: the SDK is needed only to talk to a server (connect
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -15,9 +14,11 @@ from typing import Any
 
 from ..exceptions import ConfigurationError
 from ..states import SideEffect
+from ..tools import TOOL_NAME
 
-# The Messages API's tool names: letters, digits, _ and -, at most 128 characters.
-_TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,128}$")
+# The Messages API's tool names: letters, digits, _ and -, at most 64 characters
+# (tools.TOOL_NAME cites the page).
+_TOOL_NAME = TOOL_NAME
 _OVERRIDES = frozenset({"side_effect", "requires_approval", "reconcile", "approval_timeout"})
 
 Headers = Callable[[Any], Mapping[str, str]]

@@ -167,15 +167,17 @@ MARKED_INPUT = [
             "1h",
             ["1h", "1h", "1h"],
         ),
-        # The five: the host's system and input markers take two of the four.
+        # The five: the host's system and input markers take two of the four; the
+        # input's last block is marked already, so automatic caching (a no-op there) is not.
         (
             [{"type": "text", "text": "S.", "cache_control": FIVE_M}],
             [TOOL],
             MARKED_INPUT,
             "1h",
-            ["1h", "5m", "5m", "5m"],
+            ["1h", "5m", "5m"],
         ),
-        # A host's 1 hour marker in the input: the app's 5 minutes cannot come before it.
+        # A host's 1 hour marker on the input's last block: the app's 5 minutes cannot come
+        # before it, and automatic caching's 5 minutes on that block is a 400 (#36).
         (
             [{"type": "text", "text": "S."}],
             [TOOL],
@@ -186,7 +188,7 @@ MARKED_INPUT = [
                 }
             ],
             "5m",
-            ["1h", "5m"],
+            ["1h"],
         ),
         # Four of the host's: none of the app's.
         (

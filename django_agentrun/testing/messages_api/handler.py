@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from . import model_list, options, replies, servertools
 from .cache import PromptCache, tokens
+from .loops import ThinkingLoops
 from .recorder import Recorder
 from .refusals import RefusedAnswers, continued_refusal
 from .script import Reply, Script, ScriptExhausted, as_reply, new_id
@@ -54,6 +55,7 @@ class APIHTTPServer(ThreadingHTTPServer):
         self.recorder = recorder
         self.cache = cache if cache is not None else PromptCache()
         self.refused = refused if refused is not None else RefusedAnswers()
+        self.loops = ThinkingLoops()
         self.stopping = threading.Event()
         self._lock = threading.Lock()
         self._connections: set[socket.socket] = set()
@@ -232,6 +234,9 @@ class Handler(BaseHTTPRequestHandler):
         try:
             self._check_headers()
             validate_request(body, self._betas())
+            problem = self.server.loops.problem(body)
+            if problem:
+                raise invalid(problem)
         except APIRequestError as exc:
             self._send_error(exc)
             return
@@ -276,6 +281,7 @@ class Handler(BaseHTTPRequestHandler):
             return
         reply = _compacted(body, reply)
         self.server.refused.remember(reply)
+        self.server.loops.remember(reply)
         if limited:
             reply = replace(reply, headers={**limited, **reply.headers})
         # Read and written by the prompt cache when the API reads the prompt: once answered.
