@@ -31,7 +31,7 @@ from ..exceptions import InvalidContent, ToolCancelled, ToolError, stopping_caus
 from ..failpoints import failpoint
 from ..models import ToolCall, Turn
 from ..outcomes import CallEnding
-from ..states import TOOL_CALL_CLOSED, ResultSource, SideEffect, ToolCallState
+from ..states import TOOL_CALL_CLOSED, ResultSource, ToolCallState
 from ..tools import Tool, ToolContext, batch
 from . import policy
 from .step import FOLLOWS, At, Commit, Ended, Sent, Step, commit_of
@@ -79,7 +79,7 @@ def _open_call(step: Step, turn: Turn, call: ToolCall, tool: Tool | None) -> End
         return Ended.TOOL_GONE
     if not call.approved and tool.needs_approval(call.arguments, step.run):
         return Ended.NEEDS_APPROVAL
-    if tool.side_effect == SideEffect.ATOMIC:
+    if tool.in_transaction:
         return Ended.ATOMIC
     return Ended.STARTS
 

@@ -125,15 +125,16 @@ def request(step: Step, turn: Turn) -> ModelRequest:
     if not config.tools:
         tool_choice = None  # the API refuses a tool_choice without tools
     tools = list(config.tools)
-    info = model_info(config.model)
-    messages = keep_valid_thinking(
-        messages,
-        origins,
-        model=config.model,
-        system=system,
-        tools=tools,
-        preserved=info.preserved_thinking if info is not None else True,
-    )
+    if any(has_thinking(m["content"]) for m in messages if m["role"] == "assistant"):
+        info = model_info(config.model)  # whether the model checks a block's prefix
+        messages = keep_valid_thinking(
+            messages,
+            origins,
+            model=config.model,
+            system=system,
+            tools=tools,
+            preserved=info.preserved_thinking if info is not None else True,
+        )
     return ModelRequest(
         model=config.model,
         messages=messages,

@@ -29,7 +29,7 @@ from ..clients import ModelClient, get_model_client
 from ..conf import agentrun_settings
 from ..models import Run, ToolCall, Turn
 from ..runconfig import RunConfig
-from ..states import TOOL_CALL_CLOSED, RunState, SideEffect, ToolCallState
+from ..states import TOOL_CALL_CLOSED, RunState, ToolCallState
 from ..store import Earlier, Lease, Share, Write, chosen
 from ..tokens import approval_token
 from ..tools import Tool, batch
@@ -393,7 +393,7 @@ def next_call(step: Step, ctx: dict[str, Any]) -> Ended:
     if step.abort.aborted or step.deadline_passed():
         return Ended.NOT_NOW  # the loop meets the interruption before anything starts
     tool = step.tool(following.name)
-    if tool is None or tool.side_effect == SideEffect.ATOMIC:
+    if tool is None or tool.in_transaction:
         return Ended.NOT_NOW
     try:
         needs_approval = not following.approved and tool.needs_approval(

@@ -13,6 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 from ..exceptions import ConfigurationError
+from ..side_effects import meaning
 from ..states import SideEffect
 from ..tools import TOOL_NAME
 
@@ -117,7 +118,7 @@ class MCPServer:
                         f"MCP server {self.name}, tool {tool_name}: side_effect must be one of "
                         f"{', '.join(SideEffect.values)}"
                     ) from None
-                if override["side_effect"] == SideEffect.ATOMIC:
+                if not meaning(override["side_effect"]).for_mcp:
                     raise ConfigurationError(
                         f"MCP server {self.name}, tool {tool_name}: an MCP tool cannot be atomic "
                         "(it does not write through this database's transaction)"
