@@ -77,16 +77,20 @@ SERVER_BLOCK_TYPES = (
 
 def server_tool_uses(content: Iterable[Mapping[str, Any]] | None) -> list[dict[str, Any]]:
     """The server tools an answer used, each with its result block (None: not returned yet,
-    a turn paused with `pause_turn`): {"id", "name", "input", "result_type", "result"}."""
+    a turn paused with `pause_turn`): {"id", "name", "input", "result_type", "result"}; the
+    MCP connector's `mcp_tool_use` blocks among them, with their "server_name"."""
     uses: dict[str, dict[str, Any]] = {}
     for block in content or ():
-        if block.get("type") == "server_tool_use":
+        if block.get("type") in ("server_tool_use", "mcp_tool_use"):
             uses[str(block.get("id"))] = {
                 "id": block.get("id"),
                 "name": block.get("name"),
                 "input": block.get("input"),
                 "result_type": None,
                 "result": None,
+                # A use of the MCP connector names its server (mcp_tool_use.server_name:
+                # https://platform.claude.com/docs/en/agents-and-tools/mcp-connector).
+                **({"server_name": block.get("server_name")} if "server_name" in block else {}),
             }
         elif block.get("type") in SERVER_BLOCK_TYPES and block.get("tool_use_id") in uses:
             use = uses[block["tool_use_id"]]
@@ -131,13 +135,22 @@ class MCPConnector:
     the call, this app never does. `authorization_token`: a string, or a function of the
     run's owner returning that owner's token; it is put in each request, never stored in the
     run's snapshot. `default_config` and `configs` are the toolset's own keys (enabled,
-    defer_loading)."""
+    defer_loading).
+
+    Its tool list is kept with the run, as a local MCP server's is: when a run starts, this
+    app lists the server's tools (at `list_url` if the API reaches it at an address this
+    app does not, with the owner's token) and the run's toolset enables those only (the
+    page's allowlist: `default_config` `enabled: false`, each tool `enabled: true` in
+    `configs`), so a tool the server adds later is not offered to a run that began before.
+    `snapshot=False`: the API's own listing at each request (the server as it is then)."""
 
     name: str
     url: str
     authorization_token: str | Any = None
     default_config: Mapping[str, Any] | None = None
     configs: Mapping[str, Mapping[str, Any]] | None = None
+    list_url: str | None = None
+    snapshot: bool = True
 
     beta = "mcp-client-2025-11-20"
 
@@ -156,6 +169,24 @@ class MCPConnector:
         if self.configs:
             entry["configs"] = {k: dict(v) for k, v in self.configs.items()}
         return entry
+
+    def pinned(self, listed: Iterable[str]) -> dict[str, Any]:
+        """Its toolset with the tools listed when the run started enabled, and those only
+        (a tool the host's own configuration disables stays disabled)."""
+        default = dict(self.default_config or {})
+        configs = {k: dict(v) for k, v in (self.configs or {}).items()}
+        on_by_default = default.pop("enabled", True)
+        pinned: dict[str, dict[str, Any]] = {}
+        for tool in listed:
+            config = {**default, **configs.get(tool, {})}
+            config["enabled"] = bool(config.get("enabled", on_by_default))
+            pinned[tool] = config
+        return {
+            "type": "mcp_toolset",
+            "mcp_server_name": self.name,
+            "default_config": {**default, "enabled": False},
+            "configs": pinned,
+        }
 
     def server(self) -> dict[str, Any]:
         """Its entry in the request's `mcp_servers`, without the token (as a run keeps it)."""

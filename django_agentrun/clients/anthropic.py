@@ -390,7 +390,7 @@ def _delta(event: Any) -> dict[str, Any] | None:
     if kind == "content_block_start":
         block = event.content_block
         start = {"kind": "block_start", "index": event.index, "block": block.type}
-        if block.type in ("tool_use", "server_tool_use"):
+        if block.type in ("tool_use", "server_tool_use", "mcp_tool_use"):
             start.update(id=block.id, name=block.name)
         return start
     if kind == "content_block_stop":

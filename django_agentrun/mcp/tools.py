@@ -26,8 +26,11 @@ from ..tools import Reconciliation, Tool, ToolArgumentsError, ToolContext, canon
 from . import connections
 from .servers import MCPServer
 
-# The key of the idempotency key in a tools/call request's `_meta`.
-META_KEY = "idempotency_key"
+# The key of the idempotency key in a tools/call request's `_meta`: a custom key takes a
+# prefix, "implementations SHOULD use reverse DNS notation (e.g., com.example/)", and a
+# prefix whose second label is modelcontextprotocol or mcp is MCP's own (MCP, Basic,
+# "_meta": https://modelcontextprotocol.io/specification/2025-11-25/basic#meta).
+META_KEY = "io.github.django-agentrun/idempotency-key"
 
 
 class MCPTool(Tool):

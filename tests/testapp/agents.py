@@ -317,6 +317,9 @@ def _mcp_env() -> dict[str, str]:
         "PYTHONPATH": str(ROOT),
         "AGENTRUN_TEST_MCP_LOG": os.environ.get("AGENTRUN_TEST_MCP_LOG", ""),
         "AGENTRUN_TEST_MCP_VERSION": os.environ.get("AGENTRUN_TEST_MCP_VERSION", "1"),
+        # The protocol it speaks and whether its tools are annotated (mcp_server.py).
+        "AGENTRUN_TEST_MCP_PROTOCOL": os.environ.get("AGENTRUN_TEST_MCP_PROTOCOL", ""),
+        "AGENTRUN_TEST_MCP_ANNOTATIONS": os.environ.get("AGENTRUN_TEST_MCP_ANNOTATIONS", "1"),
     }
 
 
@@ -363,7 +366,8 @@ Agent(
 )
 # Calls answered within half a second, or not at all.
 Agent(name="mcp-impatient", model="claude-sonnet-4-6", mcp_servers=[shop(timeout=0.5)])
-# An untrusted server, filtered and renamed: its tools are all non_idempotent.
+# An untrusted server, filtered and renamed: its tools are non_idempotent and wait for a
+# person, but for the one the host vouches for (shop_stock: read-only, nobody asked).
 Agent(
     name="mcp-untrusted",
     model="claude-sonnet-4-6",
@@ -376,10 +380,13 @@ Agent(
             cwd=str(ROOT),
             include=["stock", "refund", "chart", "broken"],
             rename={"stock": "shop_stock"},
+            tools={"shop_stock": {"side_effect": "read_only", "requires_approval": False}},
         )
     ],
     max_turns=6,
 )
+# An untrusted server as it is (no host settings): every tool non_idempotent, asked first.
+Agent(name="mcp-stranger", model="claude-sonnet-4-6", mcp_servers=[shop(trusted=False)])
 Agent(
     name="mcp-http",
     model="claude-sonnet-4-6",

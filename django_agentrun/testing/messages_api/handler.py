@@ -261,6 +261,7 @@ class Handler(BaseHTTPRequestHandler):
             if reply is None:
                 raise ScriptExhausted("fake API has no script")
             _check_format(body, reply)
+            servertools.check_mcp_uses(body, reply.blocks())
         except Exception as exc:  # noqa: BLE001 - a broken script is reported to the client
             recorder.script_error(exc)
             self._send_error(invalid(f"{type(exc).__name__}: {exc}"))

@@ -154,6 +154,33 @@ def check_mcp_servers(body: dict[str, Any], tools: list[dict[str, Any]]) -> None
             raise Refusal(f"tools: mcp_toolset names an unknown MCP server '{name}'")
 
 
+class DisabledMCPTool(ValueError):
+    """A script's answer calls an MCP connector tool the request's toolset disables."""
+
+
+def check_mcp_uses(body: dict[str, Any], blocks: list[dict[str, Any]]) -> None:
+    """The API offers the model only the tools its `mcp_toolset` enables (a tool's own
+    `configs` entry, else `default_config`, else enabled: "Common configuration patterns",
+    https://platform.claude.com/docs/en/agents-and-tools/mcp-connector): a scripted
+    `mcp_tool_use` of a disabled one is a script the real model could not answer."""
+    toolsets = {
+        t.get("mcp_server_name"): t
+        for t in body.get("tools") or ()
+        if isinstance(t, dict) and t.get("type") == "mcp_toolset"
+    }
+    for block in blocks:
+        if block.get("type") != "mcp_tool_use":
+            continue
+        toolset = toolsets.get(block.get("server_name")) or {}
+        default = (toolset.get("default_config") or {}).get("enabled", True)
+        own = (toolset.get("configs") or {}).get(block.get("name")) or {}
+        if not own.get("enabled", default):
+            raise DisabledMCPTool(
+                f"the script calls MCP tool {block.get('name')!r} on "
+                f"{block.get('server_name')!r}, which the request's mcp_toolset disables"
+            )
+
+
 def check_mcp_beta(body: dict[str, Any], betas: set[str] | None) -> None:
     if body.get("mcp_servers") is not None and betas is not None and not betas & MCP_BETAS:
         raise Refusal("mcp_servers: requires the anthropic-beta header 'mcp-client-2025-11-20'")
