@@ -23,7 +23,7 @@ from .agent_options import (
 )
 from .conf import agentrun_settings
 from .exceptions import ConfigurationError, InvalidOption, UnknownAgent
-from .mcp import MCPServer, connector_tools, snapshot_tools, tool_of_record
+from .mcp import MCPServer, snapshot_tools, tool_of_record
 from .runconfig import RunConfig
 from .servertools import ContextStrategy, MCPConnector, check_server_tools, context_params
 from .tools import Tool
@@ -249,12 +249,6 @@ class Agent:
             if mcp_tools and self.mcp_servers
             else {}
         )
-        # The MCP connector's servers' tools as listed now: the run's toolsets enable those.
-        pinned = {
-            c.name: connector_tools(c, owner)
-            for c in self.mcp_connectors.values()
-            if mcp_tools and c.snapshot
-        }
         tools = [t.definition() for t in self.tools.values()]
         tools += [dict(r["definition"]) for r in remote.values()]
         if self.strict_tools:
@@ -267,12 +261,7 @@ class Agent:
                     {**t, "defer_loading": True} if t["name"] in self.defer_loading else t
                     for t in tools
                 ),
-                *(
-                    self.mcp_connectors[t["mcp_server_name"]].pinned(pinned[t["mcp_server_name"]])
-                    if t.get("mcp_server_name") in pinned
-                    else dict(t)
-                    for t in self.server_tools
-                ),
+                *(dict(t) for t in self.server_tools),
             ],
             "options": params,
             "continue_on_max_tokens": continue_on_max_tokens,
@@ -281,7 +270,6 @@ class Agent:
                 **{name: r["side_effect"] for name, r in remote.items()},
             },
             "mcp_tools": remote,
-            **({"mcp_connector_tools": pinned} if pinned else {}),
             "max_turns": self.max_turns or s.DEFAULT_MAX_TURNS,
             "max_tool_calls_per_turn": self.max_tool_calls_per_turn
             or s.DEFAULT_MAX_TOOL_CALLS_PER_TURN,

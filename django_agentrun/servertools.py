@@ -64,7 +64,9 @@ SERVER_RESULT_TYPES: Mapping[str, frozenset[str]] = {
     "tool_search_tool_bm25": frozenset({"tool_search_tool_result"}),
 }
 
-# The Messages API's MCP connector (servers the API calls itself): its blocks.
+# The Messages API's MCP connector (servers the API calls itself): its blocks. The
+# `mcp_tool_listing` block an answer may carry (the tools the API listed) is no server
+# tool's: kept and sent back with the rest of the content (MCPConnector).
 MCP_CONNECTOR_BLOCK_TYPES = frozenset({"mcp_tool_use", "mcp_tool_result"})
 
 # Content block types of server tools: recorded and sent back, never executed here.
@@ -137,20 +139,17 @@ class MCPConnector:
     run's snapshot. `default_config` and `configs` are the toolset's own keys (enabled,
     defer_loading).
 
-    Its tool list is kept with the run, as a local MCP server's is: when a run starts, this
-    app lists the server's tools (at `list_url` if the API reaches it at an address this
-    app does not, with the owner's token) and the run's toolset enables those only (the
-    page's allowlist: `default_config` `enabled: false`, each tool `enabled: true` in
-    `configs`), so a tool the server adds later is not offered to a run that began before.
-    `snapshot=False`: the API's own listing at each request (the server as it is then)."""
+    Its tool list is kept with the run and its conversation by the API's own means: the
+    answer to the first request carries the `mcp_tool_listing` block of what the API
+    listed, kept and sent back with the turn like the connector's other blocks, and "later
+    requests use this listing instead of asking the MCP server again" (the anthropic SDK's
+    BetaMCPToolListingBlock; the MCP connector page does not describe the block)."""
 
     name: str
     url: str
     authorization_token: str | Any = None
     default_config: Mapping[str, Any] | None = None
     configs: Mapping[str, Mapping[str, Any]] | None = None
-    list_url: str | None = None
-    snapshot: bool = True
 
     beta = "mcp-client-2025-11-20"
 
@@ -169,24 +168,6 @@ class MCPConnector:
         if self.configs:
             entry["configs"] = {k: dict(v) for k, v in self.configs.items()}
         return entry
-
-    def pinned(self, listed: Iterable[str]) -> dict[str, Any]:
-        """Its toolset with the tools listed when the run started enabled, and those only
-        (a tool the host's own configuration disables stays disabled)."""
-        default = dict(self.default_config or {})
-        configs = {k: dict(v) for k, v in (self.configs or {}).items()}
-        on_by_default = default.pop("enabled", True)
-        pinned: dict[str, dict[str, Any]] = {}
-        for tool in listed:
-            config = {**default, **configs.get(tool, {})}
-            config["enabled"] = bool(config.get("enabled", on_by_default))
-            pinned[tool] = config
-        return {
-            "type": "mcp_toolset",
-            "mcp_server_name": self.name,
-            "default_config": {**default, "enabled": False},
-            "configs": pinned,
-        }
 
     def server(self) -> dict[str, Any]:
         """Its entry in the request's `mcp_servers`, without the token (as a run keeps it)."""

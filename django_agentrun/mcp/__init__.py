@@ -9,15 +9,7 @@ call is an `MCPTool`, a Tool of the engine like any other. The `mcp` package (th
 from __future__ import annotations
 
 from .servers import MCPServer, classify
-from .snapshot import connector_tools, snapshot_tools, tool_of_record
+from .snapshot import snapshot_tools, tool_of_record
 from .tools import MCPTool, result_content
 
-__all__ = [
-    "MCPServer",
-    "MCPTool",
-    "classify",
-    "connector_tools",
-    "result_content",
-    "snapshot_tools",
-    "tool_of_record",
-]
+__all__ = ["MCPServer", "MCPTool", "classify", "result_content", "snapshot_tools", "tool_of_record"]

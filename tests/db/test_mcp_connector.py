@@ -1,25 +1,21 @@
 """The Messages API's own MCP connector (servertools.MCPConnector): a server tool whose
 `mcp_tool_use` / `mcp_tool_result` blocks are recorded as returned and sent back unchanged,
 never executed here; through the engine, the real `anthropic` SDK and the stand-in (which
-checks the connector's request rules: mcp_servers, mcp_toolset, the beta header, and that
-the model calls only the tools the toolset enables). Its tool list is kept with the run:
-listed from a real MCP server (tests/testapp/mcp_server.py over streamable HTTP)."""
+checks the connector's request rules: mcp_servers, mcp_toolset, the beta header, and plays
+its tool listing: the answer's `mcp_tool_listing` block, which later requests reuse)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.urls import reverse
 
-from django_agentrun import Agent, start_run
+from django_agentrun import Agent, send_message, start_conversation, start_run
 from django_agentrun.agents import unregister_agent
 from django_agentrun.clients.anthropic import AnthropicModelClient
 from django_agentrun.exceptions import ConfigurationError
-from django_agentrun.mcp import connections
 from django_agentrun.servertools import MCPConnector, server_tool_uses
 from django_agentrun.testing.messages_api import (
     APIRequestError,
@@ -31,9 +27,7 @@ from django_agentrun.testing.messages_api import (
     tool_use,
     validate_request,
 )
-from django_agentrun.testing.processes import http_answers
 from tests.conftest import drive
-from tests.processes import ROOT, free_port, wait_for
 from tests.testapp.agents import lookup
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.one_driver, pytest.mark.django_db]
@@ -54,7 +48,6 @@ def client(api: MessagesAPIServer) -> Iterator[AnthropicModelClient]:
 
 @pytest.fixture
 def docs_agent() -> Iterator[Agent]:
-    """A connector whose tool list the API reads at each request (snapshot=False)."""
     agent = Agent(
         "mcp-connector",
         model="claude-sonnet-4-6",
@@ -64,40 +57,11 @@ def docs_agent() -> Iterator[Agent]:
                 "docs",
                 "https://docs.example.com/mcp",
                 authorization_token=lambda owner: f"token-of-{owner.username}",
-                snapshot=False,
             )
         ],
     )
     yield agent
     unregister_agent(agent.name)
-
-
-@pytest.fixture
-def shop_http(tmp_path, monkeypatch):
-    """tests/testapp/mcp_server.py over streamable HTTP; restart(version) starts it again
-    with that tool list (AGENTRUN_TEST_MCP_VERSION)."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}/mcp"
-    monkeypatch.setenv("AGENTRUN_TEST_MCP_LOG", str(tmp_path / "mcp.jsonl"))
-    procs: list[subprocess.Popen] = []
-
-    def start(version: str = "1") -> None:
-        if procs:
-            procs[-1].kill()
-            procs[-1].wait()
-        connections.close_all()
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "AGENTRUN_TEST_MCP_VERSION": version}
-        argv = [sys.executable, "-m", "tests.testapp.mcp_server", "--http", str(port)]
-        with open(tmp_path / f"mcp-{len(procs)}.log", "w") as log:
-            procs.append(subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=log))
-        wait_for(lambda: http_answers(url), timeout=30, message="the MCP HTTP server")
-
-    start()
-    yield url, start
-    connections.close_all()
-    for proc in procs:
-        proc.kill()
-        proc.wait()
 
 
 def test_connector__blocks_recorded_and_sent_back__never_executed(api, client, docs_agent):
@@ -142,47 +106,73 @@ def test_connector__blocks_recorded_and_sent_back__never_executed(api, client, d
     ]
 
 
-def test_connector__tool_list_kept_with_the_run(api, client, shop_http, request):
-    url, restart = shop_http
-    agent = Agent(
-        "mcp-connector-kept",
-        model="claude-sonnet-4-6",
-        server_tools=[
-            MCPConnector(
-                "shop",
-                "https://shop.example.com/mcp",
-                list_url=url,
-                configs={"refund": {"enabled": False}},
-            )
-        ],
-    )
-    request.addfinalizer(lambda: unregister_agent(agent.name))
-    run = start_run(agent, "How many hats?")
-    # The server changes: a new tool (discount). The run keeps what it was offered.
-    restart("2")
-    later = start_run(agent, "How many hats?")
-    toolset = next(t for t in run.config["tools"] if t.get("type") == "mcp_toolset")
-    assert toolset["default_config"] == {"enabled": False}
-    enabled = {name for name, c in toolset["configs"].items() if c["enabled"]}
-    assert {"stock", "set_flag", "chart"} <= enabled
-    assert "refund" not in enabled and "discount" not in enabled
-    assert "discount" not in run.config["mcp_connector_tools"]["shop"]
-    assert "discount" in later.config["mcp_connector_tools"]["shop"]
-    # The stand-in (as the API) lets the model call only what the toolset enables.
+def listed(*names: str) -> list[dict]:
+    return [
+        {"name": n, "description": f"{n} the docs", "input_schema": {"type": "object"}}
+        for n in names
+    ]
+
+
+def test_connector__its_tool_list_kept_with_the_conversation(api, client, docs_agent, admin_client):
+    api.mcp_listings = {"docs": listed("search", "fetch")}
     api.script = by_step(
-        [
-            Reply(list(mcp_tool("shop", "discount", {"order": "o1"}, "discounted"))),
-            Reply([text("never")]),
-        ]
+        [Reply(list(mcp_tool("docs", "search", {"q": "x"}, "found")) + [text("X.")])]
     )
-    drive(run, client)
-    assert run.state == "failed"
-    assert "disables" in str(api.script_errors[0])
+    conversation = start_conversation(docs_agent, owner=get_user_model().objects.create_user("a"))
+    first = send_message(conversation, "Find x.")
+    drive(first, client)
+    assert first.state == "completed", (first.error_code, api.script_errors)
+    # The API listed the server's tools while answering: kept with the turn.
+    content = first.turns.get(index=0).content
+    assert content[0] == {
+        "type": "mcp_tool_listing",
+        "mcp_server_name": "docs",
+        "tools": listed("search", "fetch"),
+    }
+    page = admin_client.get(reverse("admin:agentrun_run_change", args=[first.pk])).text
+    assert "tools of docs, as the API listed them: search, fetch" in page
+    # The server changes. The conversation goes on with the listing it was given: the
+    # block is sent back, so the API does not ask the server again (and the model is not
+    # offered `delete`); a new conversation sees the server as it is now.
+    api.mcp_listings = {"docs": listed("search", "fetch", "delete")}
+    api.script = lambda body: Reply(list(mcp_tool("docs", "delete", {"id": 1}, "gone")))
+    second = send_message(conversation, "Delete it.")
+    drive(second, client)
+    sent = api.requests[-1]["body"]["messages"][1]["content"]
+    assert sent[0]["type"] == "mcp_tool_listing" and len(sent[0]["tools"]) == 2
+    assert second.state == "failed"
+    assert "not in the listing the request uses (search, fetch)" in str(api.script_errors[-1])
     api.script = by_step(
-        [Reply(list(mcp_tool("shop", "stock", {"item": "hat"}, "3"))), Reply([text("3 hats.")])]
+        [Reply(list(mcp_tool("docs", "delete", {"id": 1}, "gone")) + [text("Deleted.")])]
     )
-    drive(later, client)
-    assert later.state == "completed", (later.error_code, api.script_errors)
+    fresh = start_run(docs_agent, "Delete it.", owner=get_user_model().objects.create_user("b"))
+    drive(fresh, client)
+    assert fresh.state == "completed", (fresh.error_code, api.script_errors)
+    assert [t["name"] for t in fresh.turns.get(index=0).content[0]["tools"]] == [
+        "search",
+        "fetch",
+        "delete",
+    ]
+
+
+def test_stand_in__the_model_calls_only_what_the_toolset_offers():
+    from django_agentrun.testing.messages_api.mcp_connector import UnofferedMCPTool, answered
+
+    toolset = {"type": "mcp_toolset", "mcp_server_name": "docs"}
+    body = {"tools": [toolset], "messages": [{"role": "user", "content": "hi"}]}
+    use = Reply(list(mcp_tool("docs", "fetch", {}, "ok")))
+    # The toolset's own configuration (the connector page's allowlist).
+    allow = {
+        **toolset,
+        "default_config": {"enabled": False},
+        "configs": {"search": {"enabled": True}},
+    }
+    with pytest.raises(UnofferedMCPTool, match="disables"):
+        answered({**body, "tools": [allow]}, use, None)
+    # A pinned listing (the toolset's `tools`) is used as given: nothing is fetched.
+    pinned = {**toolset, "tools": listed("fetch")}
+    got = answered({**body, "tools": [pinned]}, use, {"docs": listed("search")})
+    assert [b["type"] for b in got.blocks()] == ["mcp_tool_use", "mcp_tool_result"]
 
 
 def test_stand_in__refuses_what_the_api_refuses():

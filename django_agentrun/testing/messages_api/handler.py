@@ -14,7 +14,7 @@ from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
-from . import model_list, options, replies, servertools
+from . import mcp_connector, model_list, options, replies, servertools
 from .cache import PromptCache, tokens
 from .loops import ThinkingLoops
 from .recorder import Recorder
@@ -261,7 +261,7 @@ class Handler(BaseHTTPRequestHandler):
             if reply is None:
                 raise ScriptExhausted("fake API has no script")
             _check_format(body, reply)
-            servertools.check_mcp_uses(body, reply.blocks())
+            reply = mcp_connector.answered(body, reply, getattr(api, "mcp_listings", None))
         except Exception as exc:  # noqa: BLE001 - a broken script is reported to the client
             recorder.script_error(exc)
             self._send_error(invalid(f"{type(exc).__name__}: {exc}"))

@@ -39,6 +39,8 @@ class MessagesAPIServer:
         self.script = script
         # The account's rate limit (429 with retry-after and anthropic-ratelimit-* headers).
         self.rate_limit = rate_limit
+        # What the MCP connector's servers list now: name -> tools (mcp_connector.py).
+        self.mcp_listings: dict[str, list[dict[str, Any]]] = {}
         self.api_key = api_key
         self.host = host
         self._port = port

@@ -152,33 +152,20 @@ def check_mcp_servers(body: dict[str, Any], tools: list[dict[str, Any]]) -> None
     for name in named:
         if name not in names:
             raise Refusal(f"tools: mcp_toolset names an unknown MCP server '{name}'")
+    for k, toolset in enumerate(toolsets):
+        if toolset.get("tools") is not None:  # a pinned listing (mcp_connector.py)
+            _check_listed(toolset["tools"], f"tools.{k}.tools")
 
 
-class DisabledMCPTool(ValueError):
-    """A script's answer calls an MCP connector tool the request's toolset disables."""
-
-
-def check_mcp_uses(body: dict[str, Any], blocks: list[dict[str, Any]]) -> None:
-    """The API offers the model only the tools its `mcp_toolset` enables (a tool's own
-    `configs` entry, else `default_config`, else enabled: "Common configuration patterns",
-    https://platform.claude.com/docs/en/agents-and-tools/mcp-connector): a scripted
-    `mcp_tool_use` of a disabled one is a script the real model could not answer."""
-    toolsets = {
-        t.get("mcp_server_name"): t
-        for t in body.get("tools") or ()
-        if isinstance(t, dict) and t.get("type") == "mcp_toolset"
-    }
-    for block in blocks:
-        if block.get("type") != "mcp_tool_use":
-            continue
-        toolset = toolsets.get(block.get("server_name")) or {}
-        default = (toolset.get("default_config") or {}).get("enabled", True)
-        own = (toolset.get("configs") or {}).get(block.get("name")) or {}
-        if not own.get("enabled", default):
-            raise DisabledMCPTool(
-                f"the script calls MCP tool {block.get('name')!r} on "
-                f"{block.get('server_name')!r}, which the request's mcp_toolset disables"
-            )
+def _check_listed(tools: Any, where: str) -> None:
+    """A pinned listing: each tool a name and an input schema (BetaMCPToolParamParam)."""
+    if not isinstance(tools, list):
+        raise Refusal(f"{where}: Input should be a valid list")
+    for k, tool in enumerate(tools):
+        if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
+            raise Refusal(f"{where}.{k}.name: Field required")
+        if not isinstance(tool.get("input_schema"), dict):
+            raise Refusal(f"{where}.{k}.input_schema: Input should be a valid dictionary")
 
 
 def check_mcp_beta(body: dict[str, Any], betas: set[str] | None) -> None:
@@ -212,7 +199,7 @@ def check_messages(
         for j, block in enumerate(blocks):
             kind = block["type"]
             where = f"messages.{i}.content.{j}"
-            if kind in ("mcp_tool_use", "mcp_tool_result"):
+            if kind in ("mcp_tool_use", "mcp_tool_result", "mcp_tool_listing"):
                 _check_mcp_block(block, where, role, body, open_uses)
                 continue
             if kind == "server_tool_use" or kind in RESULT_BLOCKS or kind == "compaction":
@@ -288,6 +275,14 @@ def _check_mcp_block(
     if role != "assistant":
         raise Refusal(f"{where}: `{kind}` blocks can only be in `assistant` messages")
     servers = {s.get("name") for s in body.get("mcp_servers") or () if isinstance(s, dict)}
+    if kind == "mcp_tool_listing":  # BetaMCPToolListingBlockParam (mcp_connector.py)
+        if block.get("mcp_server_name") not in servers:
+            raise Refusal(
+                f"{where}: `mcp_tool_listing` block for server "
+                f"{block.get('mcp_server_name')!r}, which is not in the request's mcp_servers"
+            )
+        _check_listed(block.get("tools"), f"{where}.tools")
+        return
     if kind == "mcp_tool_use":
         tool_id = block.get("id")
         if not isinstance(tool_id, str) or not tool_id.startswith("mcptoolu_"):

@@ -63,6 +63,7 @@ _BLOCK_TYPES = frozenset(
         "container_upload",
         "mcp_tool_use",
         "mcp_tool_result",
+        "mcp_tool_listing",
         "tool_reference",
         "compaction",
     }
