@@ -62,6 +62,9 @@ DEFAULTS: dict[str, Any] = {
     # Backoff bounds for those retries (seconds).
     "MODEL_RETRY_BASE_SECONDS": 1.0,
     "MODEL_RETRY_MAX_SECONDS": 30.0,
+    # A turn the API refuses for a limit (429, 529) more often than this fails
+    # (`rate_limited`); each refusal parks the run for the wait the API states.
+    "MODEL_RATE_LIMIT_PARKS": 20,
     # The rate-limit governor (clients/governor.py; docs/how-to/rate-limits.md): the Redis
     # server every worker shares the account's limits through. None takes Celery's broker
     # URL when it is Redis; "" turns it off (each process then sends as it likes).

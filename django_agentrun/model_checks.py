@@ -1,5 +1,5 @@
 """System checks of the model table (catalog.py) and of each agent's model and options:
-the agentrun.E020 / W020 / E021 / W021 / E004 / W040 messages of checks.check_agents."""
+the agentrun.E020 / W020 / E021 / W021 / W022 / E004 / W040 messages of checks.check_agents."""
 
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ def agent_messages(agent: Any) -> list[checks.CheckMessage]:
                 )
             )
         return found
-    return [
+    return deprecation_messages(agent, model) + [
         checks.Error(
             f"Agent {agent.name!r}: {refusal}; its runs would fail with a 400.",
             hint="Change the option or the model (manage.py agentrun_models shows what each "
@@ -87,6 +87,25 @@ def agent_messages(agent: Any) -> list[checks.CheckMessage]:
             id="agentrun.E021",
         )
         for refusal in catalog.refusals(model, params)
+    ]
+
+
+def deprecation_messages(agent: Any, model: str) -> list[checks.CheckMessage]:
+    """A deprecated model warns with its retirement date and replacement (a retired one is
+    an E021 refusal: catalog RULES model_retired)."""
+    info = catalog.model_info(model)
+    if info is None or info.lifecycle() != "deprecated" or info.deprecated is None:
+        return []
+    instead = f" ({info.replacement} is the recommended replacement)" if info.replacement else ""
+    return [
+        checks.Warning(
+            f"Agent {agent.name!r} uses model {model!r}, which is deprecated and retires on "
+            f"{info.deprecated.isoformat()}{instead}; from that day its runs are refused.",
+            hint="Move the agent to another model before then; test it on the replacement "
+            "first (https://platform.claude.com/docs/en/about-claude/model-deprecations).",
+            obj=agent.name,
+            id="agentrun.W022",
+        )
     ]
 
 

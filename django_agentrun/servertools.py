@@ -64,7 +64,9 @@ SERVER_RESULT_TYPES: Mapping[str, frozenset[str]] = {
     "tool_search_tool_bm25": frozenset({"tool_search_tool_result"}),
 }
 
-# The Messages API's MCP connector (servers the API calls itself): its blocks.
+# The Messages API's MCP connector (servers the API calls itself): its blocks. The
+# `mcp_tool_listing` block an answer may carry (the tools the API listed) is no server
+# tool's: kept and sent back with the rest of the content (MCPConnector).
 MCP_CONNECTOR_BLOCK_TYPES = frozenset({"mcp_tool_use", "mcp_tool_result"})
 
 # Content block types of server tools: recorded and sent back, never executed here.
@@ -77,16 +79,20 @@ SERVER_BLOCK_TYPES = (
 
 def server_tool_uses(content: Iterable[Mapping[str, Any]] | None) -> list[dict[str, Any]]:
     """The server tools an answer used, each with its result block (None: not returned yet,
-    a turn paused with `pause_turn`): {"id", "name", "input", "result_type", "result"}."""
+    a turn paused with `pause_turn`): {"id", "name", "input", "result_type", "result"}; the
+    MCP connector's `mcp_tool_use` blocks among them, with their "server_name"."""
     uses: dict[str, dict[str, Any]] = {}
     for block in content or ():
-        if block.get("type") == "server_tool_use":
+        if block.get("type") in ("server_tool_use", "mcp_tool_use"):
             uses[str(block.get("id"))] = {
                 "id": block.get("id"),
                 "name": block.get("name"),
                 "input": block.get("input"),
                 "result_type": None,
                 "result": None,
+                # A use of the MCP connector names its server (mcp_tool_use.server_name:
+                # https://platform.claude.com/docs/en/agents-and-tools/mcp-connector).
+                **({"server_name": block.get("server_name")} if "server_name" in block else {}),
             }
         elif block.get("type") in SERVER_BLOCK_TYPES and block.get("tool_use_id") in uses:
             use = uses[block["tool_use_id"]]
@@ -131,7 +137,13 @@ class MCPConnector:
     the call, this app never does. `authorization_token`: a string, or a function of the
     run's owner returning that owner's token; it is put in each request, never stored in the
     run's snapshot. `default_config` and `configs` are the toolset's own keys (enabled,
-    defer_loading)."""
+    defer_loading).
+
+    Its tool list is kept with the run and its conversation by the API's own means: the
+    answer to the first request carries the `mcp_tool_listing` block of what the API
+    listed, kept and sent back with the turn like the connector's other blocks, and "later
+    requests use this listing instead of asking the MCP server again" (the anthropic SDK's
+    BetaMCPToolListingBlock; the MCP connector page does not describe the block)."""
 
     name: str
     url: str

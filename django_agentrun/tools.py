@@ -7,6 +7,7 @@ import inspect
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import time
@@ -21,6 +22,7 @@ import pydantic
 from . import children
 from .abort import AbortSignal
 from .exceptions import ConfigurationError, ToolCancelled, ToolError
+from .side_effects import MEANINGS
 from .states import SideEffect
 
 logger = logging.getLogger(__name__)
@@ -170,8 +172,115 @@ def _terminate_group(proc: subprocess.Popen, grace: float) -> None:
 
 ApprovalPolicy = bool | Callable[[dict[str, Any], Any], bool]
 
+# A tool's name as the Messages API takes it: "Must match the regex ^[a-zA-Z0-9_-]{1,64}$"
+# (Define tools, https://platform.claude.com/docs/en/agents-and-tools/tool-use/define-tools).
+TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+
 
 class Tool:
+    """What the engine knows of a tool the model may call, and how it runs one call. Two
+    implementations: `FunctionTool` (a typed Python function, made by `@tool`) and
+    `mcp.MCPTool` (an MCP server's tool, as a run's snapshot recorded it). Each gives its
+    input schema, validates arguments, invokes the call and its reconcile check; the rest
+    (the definition the model sees, the approval rule, batching, what its side-effect class
+    means: side_effects.MEANINGS) is decided here, once.
+
+    `Tool(func, ...)` makes a FunctionTool, as it always did."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Tool:
+        return super().__new__(FunctionTool if cls is Tool else cls)
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        description: str = "",
+        side_effect: SideEffect | str | None = None,
+        reconcile: Callable[..., Reconciliation] | None = None,
+        requires_approval: ApprovalPolicy = False,
+        approval_timeout: timedelta | None = None,
+    ) -> None:
+        self.name = name
+        self.description = description
+        # Undeclared is treated as the one class that is never re-run blindly after a
+        # crash; `manage.py check` lists such tools (agentrun.W005).
+        self.side_effect_declared = side_effect is not None
+        try:
+            self.side_effect = SideEffect(
+                SideEffect.NON_IDEMPOTENT if side_effect is None else side_effect
+            )
+        except ValueError:
+            raise ConfigurationError(
+                f"Tool {self.name}: side_effect must be one of {', '.join(SideEffect.values)}"
+            ) from None
+        if not TOOL_NAME.match(self.name):
+            raise ConfigurationError(
+                f"Tool {self.name!r}: a tool's name is 1 to 64 letters, digits, _ or - (the "
+                "Messages API refuses any other); name it with @tool(name=...)"
+            )
+        self.meaning = MEANINGS[self.side_effect]  # what its class means (side_effects.py)
+        self.reconcile = reconcile
+        self.requires_approval = requires_approval
+        self.approval_timeout = approval_timeout
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name} ({self.side_effect})>"
+
+    # -- what each implementation gives ------------------------------------------------
+
+    def input_schema(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def validate(self, arguments: Any) -> dict[str, Any]:
+        """Canonical, validated arguments, or ToolArgumentsError with a message for the model."""
+        raise NotImplementedError
+
+    def invoke(self, ctx: ToolContext, arguments: dict[str, Any]) -> Any:
+        """Run one call (its validated arguments); its result content, or ToolError."""
+        raise NotImplementedError
+
+    def invoke_reconcile(self, ctx: ToolContext, arguments: dict[str, Any]) -> Reconciliation:
+        """Run the reconcile check (`reconcile` is set) for a call whose outcome is unknown."""
+        raise NotImplementedError
+
+    # -- decided once for every tool ---------------------------------------------------
+
+    def definition(self) -> dict[str, Any]:
+        """The tool as the Messages API declares it."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "input_schema": self.input_schema(),
+        }
+
+    @property
+    def in_transaction(self) -> bool:
+        """Its handler runs inside the transaction that records its result (atomic)."""
+        return self.meaning.in_transaction
+
+    def needs_approval(self, arguments: dict[str, Any], run: Any) -> bool:
+        policy = self.requires_approval
+        return bool(policy(arguments, run) if callable(policy) else policy)
+
+    def runs_together(self, arguments: dict[str, Any], run: Any, approved: bool) -> bool:
+        """Whether a call of this tool may run at once with the turn's other such calls (a
+        batch): its class is safe to run again (side_effects.MEANINGS), and it needs no
+        approval."""
+        if not self.meaning.batches:
+            return False
+        try:
+            return approved or not self.needs_approval(arguments, run)
+        except Exception:  # noqa: BLE001 - it runs alone then, where the failure is met
+            return False
+
+    @staticmethod
+    def _checked(found: Any, name: str) -> Reconciliation:
+        if not isinstance(found, Reconciliation):
+            raise ToolError(f"Reconcile check of {name} must return a Reconciliation")
+        return found
+
+
+class FunctionTool(Tool):
     """A plain function the model may call; see `tool()`."""
 
     def __init__(
@@ -186,22 +295,14 @@ class Tool:
         approval_timeout: timedelta | None = None,
     ) -> None:
         self.func = func
-        self.name = name or func.__name__
-        self.description = (description or inspect.getdoc(func) or "").strip()
-        # Undeclared is treated as the one class that is never re-run blindly after a
-        # crash; `manage.py check` lists such tools (agentrun.W005).
-        self.side_effect_declared = side_effect is not None
-        try:
-            self.side_effect = SideEffect(
-                SideEffect.NON_IDEMPOTENT if side_effect is None else side_effect
-            )
-        except ValueError:
-            raise ConfigurationError(
-                f"Tool {self.name}: side_effect must be one of {', '.join(SideEffect.values)}"
-            ) from None
-        self.reconcile = reconcile
-        self.requires_approval = requires_approval
-        self.approval_timeout = approval_timeout
+        super().__init__(
+            name=name or func.__name__,
+            description=(description or inspect.getdoc(func) or "").strip(),
+            side_effect=side_effect,
+            reconcile=reconcile,
+            requires_approval=requires_approval,
+            approval_timeout=approval_timeout,
+        )
         self.takes_ctx, self.input_model = _input_model(func, self.name)
         if reconcile is not None:
             self.reconcile_takes_ctx = _takes_ctx(reconcile)
@@ -219,16 +320,7 @@ class Tool:
             prop.pop("title", None)
         return schema
 
-    def definition(self) -> dict[str, Any]:
-        """The tool as the Messages API declares it."""
-        return {
-            "name": self.name,
-            "description": self.description,
-            "input_schema": self.input_schema(),
-        }
-
     def validate(self, arguments: Any) -> dict[str, Any]:
-        """Canonical, validated arguments, or ToolArgumentsError with a message for the model."""
         if not isinstance(arguments, dict):
             raise ToolArgumentsError(
                 f"Tool {self.name} expects a JSON object of arguments, got {type(arguments).__name__}."
@@ -245,21 +337,6 @@ class Tool:
             ) from None
         return model.model_dump(mode="json")
 
-    def needs_approval(self, arguments: dict[str, Any], run: Any) -> bool:
-        policy = self.requires_approval
-        return bool(policy(arguments, run) if callable(policy) else policy)
-
-    def runs_together(self, arguments: dict[str, Any], run: Any, approved: bool) -> bool:
-        """Whether a call of this tool may run at once with the turn's other such calls (a
-        batch): it is safe to run again (read-only, or an idempotent write with its key),
-        and needs no approval."""
-        if self.side_effect not in (SideEffect.READ_ONLY, SideEffect.IDEMPOTENT_WRITE):
-            return False
-        try:
-            return approved or not self.needs_approval(arguments, run)
-        except Exception:  # noqa: BLE001 - it runs alone then, where the failure is met
-            return False
-
     def invoke(self, ctx: ToolContext, arguments: dict[str, Any]) -> Any:
         kwargs = self._python_kwargs(arguments)
         return self.func(ctx, **kwargs) if self.takes_ctx else self.func(**kwargs)
@@ -270,9 +347,7 @@ class Tool:
         found = (
             self.reconcile(ctx, **kwargs) if self.reconcile_takes_ctx else self.reconcile(**kwargs)
         )
-        if not isinstance(found, Reconciliation):
-            raise ToolError(f"Reconcile check of {self.name} must return a Reconciliation")
-        return found
+        return self._checked(found, self.name)
 
     def _python_kwargs(self, arguments: dict[str, Any]) -> dict[str, Any]:
         # Re-validate so handlers get typed values (nested models, dates) rather than JSON.
@@ -349,7 +424,7 @@ def tool(
     after a crash without a reconcile check or a person)."""
 
     def wrap(f: Callable[..., Any]) -> Tool:
-        return Tool(
+        return FunctionTool(
             f,
             name=name,
             description=description,

@@ -331,10 +331,13 @@ def hand_off(write: Write, run: Run) -> None:
     wake(write, run.pk)
 
 
-def hold(write: Write, run: Run, seconds: float) -> None:
+def hold(write: Write, run: Run, seconds: float, limited: dict[str, Any] | None = None) -> None:
     """Rate-limited before an answer (nothing paid): the lease given back and the run
     woken after `seconds` (a countdown), its released time pushed that far ahead so that
-    the reaper does not take the wait for a lost wake-up. No sleep in the worker's slot."""
+    the reaper does not take the wait for a lost wake-up. No sleep in the worker's slot.
+    `limited`: the API's refusal (payloads.model_rate_limited's keywords), recorded."""
+    if limited is not None:
+        write.record(payloads.model_rate_limited(**limited))
     release(write)
     epoch = write.lease.epoch if write.lease is not None else None
     if epoch is not None:

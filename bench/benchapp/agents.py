@@ -61,7 +61,7 @@ def wait(ctx: ToolContext, ms: int, n: int) -> str:
 def _agent(name: str, tools: list, max_turns: int = 1000) -> Agent:
     return Agent(
         name=name,
-        model="claude-sonnet-4-5",
+        model="claude-sonnet-4-6",
         system=f"bench:{name.removeprefix('bench-')}",
         tools=tools,
         max_turns=max_turns,

@@ -88,6 +88,17 @@ def _block_label(block: Any) -> str:
         return cut(
             f"[{block.get('name')}, run by the API: {input_summary(block.get('input'))}]", 160
         )
+    if kind == "mcp_tool_use":  # run by the API's MCP connector, on the server it names
+        return cut(
+            f"[{block.get('name')} on {block.get('server_name')}, run by the API: "
+            f"{input_summary(block.get('input'))}]",
+            160,
+        )
+    if kind == "mcp_tool_listing":  # what the API listed; later requests reuse it
+        names = ", ".join(str(t.get("name")) for t in block.get("tools") or ())
+        return cut(
+            f"[tools of {block.get('mcp_server_name')}, as the API listed them: {names}]", 160
+        )
     if kind in SERVER_BLOCK_TYPES:
         content = block.get("content")
         if isinstance(content, list):

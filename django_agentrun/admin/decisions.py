@@ -21,6 +21,7 @@ from .. import services
 from ..exceptions import AgentRunError, ApprovalError, InvalidToken
 from ..models import ToolCall
 from ..permissions import APPROVE_PERMISSION
+from ..side_effects import meaning
 from ..states import ToolCallState
 from ..tools import ToolArgumentsError
 from .conversation import arguments_diff, conversation
@@ -105,6 +106,7 @@ class DecisionViewsMixin:
             ),
             "call_diff": arguments_diff(call),
             "call_description": services.tool_description(call),
+            "call_side_effect": meaning(call.side_effect).admin,
             "call_deadline": when(deadline) if deadline else "",
             "call_deadline_passed": bool(deadline and deadline <= timezone.now()),
             "call_created": when(call.created_at),

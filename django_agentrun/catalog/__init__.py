@@ -26,6 +26,7 @@ from .table import SHIPPED, shipped_info
 from .vocabulary import (
     CODE_EXECUTION,
     EFFORT_LEVELS,
+    REFUSAL_BILLED_CATEGORIES,
     SERVER_TOOL_TYPES,
     THINKING_DISPLAYS,
     THINKING_TYPES,
@@ -41,6 +42,7 @@ __all__ = [
     "CODE_EXECUTION",
     "RULES",
     "EFFORT_LEVELS",
+    "REFUSAL_BILLED_CATEGORIES",
     "SERVER_TOOL_TYPES",
     "SHIPPED",
     "THINKING_DISPLAYS",

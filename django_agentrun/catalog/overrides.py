@@ -15,7 +15,8 @@ import os
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import fields
+from dataclasses import MISSING, fields
+from datetime import date
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -46,7 +47,11 @@ _SET_FIELDS = {
     "unsourced",
 }
 _INT_FIELDS = {"context_window", "max_output", "cache_min_tokens"}
+# Fields a new entry may leave out: their defaults apply (the lifecycle: an entry is live).
+_OPTIONAL_FIELDS = {"deprecated", "retired", "replacement", "preserved_thinking"}
 _BOOL_FIELDS = {
+    "retired",
+    "preserved_thinking",
     "forced_tool_choice",
     "sampling",
     "thinking_budget",
@@ -124,6 +129,10 @@ def _merge(base: ModelInfo | None, model: str, raw: Any, where: str) -> ModelInf
     values: dict[str, Any] = {}
     for name in sorted(_INFO_FIELDS):
         if name not in raw:
+            if base is None and name in _OPTIONAL_FIELDS:
+                default = next(f.default for f in fields(ModelInfo) if f.name == name)
+                values[name] = None if default is MISSING else default
+                continue
             if base is None:
                 raise CatalogError(
                     f"{where}: {model!r} is not in the shipped table: give every field, "
@@ -166,11 +175,29 @@ def _merge(base: ModelInfo | None, model: str, raw: Any, where: str) -> ModelInf
             values[name] = value
         elif name == "effort_by_thinking":
             values[name] = _couplings(value, f"{where}.effort_by_thinking")
+        elif name == "deprecated":
+            values[name] = _date(value, f"{where}.deprecated")
+        elif name == "replacement":
+            if not isinstance(value, str):
+                raise CatalogError(f"{where}.replacement: expected a model id")
+            values[name] = value
         elif name == "status":
             if value not in STATUSES:
                 raise CatalogError(f"{where}.status: expected 'current' or 'legacy'")
             values[name] = value
     return ModelInfo(id=model, **values)
+
+
+def _date(value: Any, where: str) -> date | None:
+    """A retirement date: a date, "YYYY-MM-DD", or None (not deprecated)."""
+    if value is None or isinstance(value, date):
+        return value
+    try:
+        return date.fromisoformat(str(value))
+    except ValueError:
+        raise CatalogError(
+            f"{where}: expected a date (YYYY-MM-DD) or None, got {value!r}"
+        ) from None
 
 
 def _couplings(value: Any, where: str) -> tuple[tuple[str, frozenset[str]], ...]:

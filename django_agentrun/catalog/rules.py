@@ -27,6 +27,24 @@ CACHING = "https://platform.claude.com/docs/en/build-with-claude/prompt-caching"
 RESIDENCY = "https://platform.claude.com/docs/en/build-with-claude/data-residency"
 PRICING = "https://platform.claude.com/docs/en/about-claude/pricing"
 CREATE = "https://platform.claude.com/docs/en/api/messages/create"
+DEPRECATIONS = "https://platform.claude.com/docs/en/about-claude/model-deprecations"
+SONNET_4_5 = "https://platform.claude.com/docs/en/models/sonnet-4-5/overview"
+REFUSALS = "https://platform.claude.com/docs/en/build-with-claude/refusals-and-fallback"
+STREAMING_REFUSALS = (
+    "https://platform.claude.com/docs/en/test-and-evaluate/strengthen-guardrails/"
+    "handle-streaming-refusals"
+)
+RATE_LIMITS = "https://platform.claude.com/docs/en/api/rate-limits"
+DEFINE_TOOLS = "https://platform.claude.com/docs/en/agents-and-tools/tool-use/define-tools"
+SYSTEM_MESSAGES = (
+    "https://platform.claude.com/docs/en/build-with-claude/mid-conversation-system-messages"
+)
+PTC = "https://platform.claude.com/docs/en/agents-and-tools/tool-use/programmatic-tool-calling"
+PRESERVED = "https://platform.claude.com/docs/en/build-with-claude/preserved-thinking"
+EXTENDED_THINKING = "https://platform.claude.com/docs/en/build-with-claude/extended-thinking"
+# Third-party pages a rule rests on where the stored official docs are silent.
+MODELPIN_0_5_7 = "https://github.com/samarthputhraya/Modelpin/releases/tag/v0.5.7"
+CONTINUE_11446 = "https://github.com/continuedev/continue/issues/11446"
 
 Check = Callable[[ModelInfo, Mapping[str, Any]], list[str]]
 
@@ -37,14 +55,24 @@ class Rule:
 
     key: str
     refuses: str  # what the API refuses (or does), in a sentence
-    sources: tuple[str, ...]  # the documentation pages; () = UNSOURCED
+    sources: tuple[str, ...]  # the official documentation pages
     app: str  # what the app does about it
     check: Check | None = None  # per-request check (None: enforced elsewhere, see `app`)
     note: str = ""
+    # Pages that are not Anthropic's own (trackers, other projects quoting the docs), for a
+    # rule the stored official pages do not state.
+    third_party: tuple[str, ...] = ()
+
+    @property
+    def basis(self) -> str:
+        """What the rule rests on: "official", "third-party", or "UNSOURCED" (nothing)."""
+        if self.sources:
+            return "official"
+        return "third-party" if self.third_party else "UNSOURCED"
 
     @property
     def unsourced(self) -> bool:
-        return not self.sources
+        return self.basis == "UNSOURCED"
 
 
 def _effort(params: Mapping[str, Any]) -> Any:
@@ -147,9 +175,22 @@ def _tool_choice(info: ModelInfo, params: Mapping[str, Any]) -> list[str]:
     return []
 
 
+def _retired(info: ModelInfo, params: Mapping[str, Any]) -> list[str]:
+    if info.lifecycle() != "retired":
+        return []
+    when = f" on {info.deprecated.isoformat()}" if info.deprecated is not None else ""
+    instead = f"; use {info.replacement} (the recommended replacement)" if info.replacement else ""
+    return [f"{info.id} retired{when}: requests to it fail{instead}"]
+
+
 def _thinking_x_tool_choice(info: ModelInfo, params: Mapping[str, Any]) -> list[str]:
+    """Only manual thinking (`enabled`, with a budget) refuses a forced tool_choice:
+    "Adaptive thinking, including on models where thinking is on by default, supports
+    forced tool use" (Thinking, "Thinking with tool use"). The models that refuse forced
+    tool use whatever the thinking (Fable / Mythos 5.1, the 5.5 generation) are
+    `forced_tool_choice`'s."""
     thinking, choice = _thinking(params), params.get("tool_choice")
-    if thinking is None or thinking.get("type") in ("disabled", None):
+    if thinking is None or thinking.get("type") != "enabled":
         return []
     if isinstance(choice, Mapping) and choice.get("type") in ("any", "tool"):
         return [
@@ -191,6 +232,28 @@ def _inference_geo(info: ModelInfo, params: Mapping[str, Any]) -> list[str]:
 
 RULES: tuple[Rule, ...] = (
     Rule(
+        "model_retired",
+        "any request to a retired model (requests to it fail from its retirement date): "
+        "claude-sonnet-4-5 since 2026-11-30",
+        (DEPRECATIONS, SONNET_4_5),
+        "refused before the run starts (check: agentrun.E021; start_run, a message, a fork, a "
+        "resume: 400 option_refused), naming the recommended replacement",
+        _retired,
+        note="The status and wording the API answers a retired model with are UNSOURCED (the "
+        "page says only that requests fail); the stand-in answers 400 with this rule's message.",
+    ),
+    Rule(
+        "model_deprecated",
+        "nothing until the retirement date: a deprecated model answers, with a retirement "
+        "date and a recommended replacement (claude-opus-4-5: 2027-01-22, claude-opus-5-5)",
+        (DEPRECATIONS,),
+        "a warning at manage.py check (agentrun.W022) with the date and the replacement; "
+        "refused from the retirement date on (model_retired)",
+        note="Opus 4.5's deprecation is from a third-party page quoting the deprecations "
+        "page (the stored Opus 4.5 page still says legacy).",
+        third_party=(MODELPIN_0_5_7,),
+    ),
+    Rule(
         "max_tokens",
         "max_tokens above the model's maximum output",
         (MODELS,),
@@ -199,11 +262,62 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "max_tokens_zero",
-        "nothing: max_tokens 0 is accepted (it fills the prompt cache without an answer)",
+        "max_tokens 0 (pre-warming the cache) with stream, thinking enabled, "
+        "output_config.format or a forced tool_choice; alone it is accepted",
         (CACHING + "#pre-warming-the-cache",),
-        "the stand-in accepts it as the API does (empty content, stop_reason max_tokens)",
-        note="The response's shape for max_tokens 0 is UNSOURCED; the SDK's "
-        "MessageCreateParams.max_tokens documents the value.",
+        "the app never sends max_tokens 0; the stand-in answers it with empty content, "
+        "stop_reason max_tokens, and refuses the four combinations",
+        note="The response's shape for max_tokens 0 and the refusal's wording are UNSOURCED.",
+    ),
+    Rule(
+        "tool_name",
+        "a tool name that does not match ^[a-zA-Z0-9_-]{1,64}$",
+        (DEFINE_TOOLS,),
+        "a @tool or an MCP tool (as the model sees it) with such a name is refused when it "
+        "is defined or listed (ConfigurationError)",
+    ),
+    Rule(
+        "whitespace_text",
+        "a text block that is empty or holds only whitespace",
+        (),
+        "blank text blocks are left out of a recorded answer (history.sanitize_content)",
+        note="No official page states it; clients quote the API's error 'text content blocks "
+        "must contain non-whitespace text'.",
+        third_party=(CONTINUE_11446,),
+    ),
+    Rule(
+        "automatic_caching_ttl",
+        "automatic caching (the top-level cache_control) whose TTL differs from the "
+        "explicit cache_control of the last block",
+        (CACHING + "#automatic-caching",),
+        "no top-level marker where the host marked the last block itself (clients/caching)",
+    ),
+    Rule(
+        "system_messages",
+        'a role "system" entry in messages on a model without mid-conversation system '
+        "messages, first, or placed other than after a user turn (or a server tool result) "
+        "and before an assistant turn or the end",
+        (SYSTEM_MESSAGES,),
+        "the app sends none; the stand-in takes them where the page places them",
+        note="The 5.2 and 5.5 models are newer than the page: taken there (UNSOURCED).",
+    ),
+    Rule(
+        "programmatic_tool_calling",
+        "nothing: a server tool use that called a client tool is answered in a later "
+        "response, after the client's tool_result",
+        (PTC,),
+        "the stand-in takes such a history (it refused it before)",
+    ),
+    Rule(
+        "thinking_prefix_check",
+        "on the preserved-thinking models (Fable 5.1 and later), a thinking block after a "
+        "changed prefix; on the earlier ones, an open tool loop's last assistant turn "
+        "without the thinking it was answered with",
+        (PRESERVED, EXTENDED_THINKING),
+        "preserved_thinking per model: blocks after a change are left out there; elsewhere "
+        "the open loop's last turn keeps its thinking",
+        note="Which models besides Fable 5.1, Sonnet 5.5 and Haiku 5.5 run the check is "
+        "UNSOURCED (see each entry's unsourced fields).",
     ),
     Rule(
         "thinking_type",
@@ -245,8 +359,8 @@ RULES: tuple[Rule, ...] = (
         "thinking disabled on Haiku 5.5 above effort high",
         (),
         "refused before the run starts (the same check, from the Haiku 5.5 entry)",
-        note="Third-party guides quoting the Haiku 5.5 model page say so; the stored "
-        "platform docs do not.",
+        note="Neither the stored platform docs nor any stored third-party page say so (an "
+        "earlier round cited third-party guides it did not record).",
     ),
     Rule(
         "effort_fixed_in_conversation",
@@ -265,20 +379,28 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "forced_tool_choice",
-        'tool_choice {"type": "any"} or {"type": "tool"} on the 5.5 generation and Fable 5.1',
+        'tool_choice {"type": "any"} or {"type": "tool"} on Sonnet 5.5, Opus 5.5 and Fable 5.1',
         (SONNET_5_5, OPUS_5_5),
         "refused before the run starts",
         _tool_choice,
-        note="Haiku 5.5 and Fable / Mythos 5.2 refuse it here too: UNSOURCED.",
+        note="Fable / Mythos 5.2 refuse it here too, as their 5.1 siblings do: UNSOURCED.",
+    ),
+    Rule(
+        "forced_tool_choice_haiku_5_5",
+        'tool_choice {"type": "any"} or {"type": "tool"} on Haiku 5.5',
+        (),
+        "refused before the run starts (forced_tool_choice, from the Haiku 5.5 entry)",
+        note="No official page says so; the issue that added it cites one third-party page, "
+        "which the stored material does not hold. Override the entry "
+        "(AGENTRUN_MODELS forced_tool_choice) when you know better.",
     ),
     Rule(
         "thinking_x_tool_choice",
-        'thinking (adaptive, enabled, between_tools) with tool_choice "any" or "tool"',
+        'manual thinking (thinking.type "enabled", with budget_tokens) with tool_choice "any" '
+        'or "tool"; adaptive thinking, also where it is on by default, takes forced tool use',
         (THINKING,),
         "refused before the run starts",
         _thinking_x_tool_choice,
-        note="Whether a model that thinks by default refuses a forced tool_choice with "
-        "thinking unset is UNSOURCED; not checked.",
     ),
     Rule(
         "sampling",
@@ -324,6 +446,32 @@ RULES: tuple[Rule, ...] = (
         "tables give 512 for the 5.5 models.",
     ),
     Rule(
+        "refusal_billing",
+        "nothing refused: a refusal before any output is billed only in the categories bio, "
+        "frontier_llm and reasoning_extraction; one after output bills the input and the "
+        "output streamed",
+        (REFUSALS,),
+        "cost_usd of a refused answer as billed (catalog.REFUSAL_BILLED_CATEGORIES); "
+        "output.refusal.billed says which",
+    ),
+    Rule(
+        "refusal_reset",
+        "a conversation that sends a refused turn again is refused again (the turn must be "
+        "removed or changed)",
+        (STREAMING_REFUSALS,),
+        "a refused answer runs no tool and is left out of what later requests send; the "
+        "stand-in refuses a request that sends it back",
+    ),
+    Rule(
+        "spend_cap",
+        "every request once the tier's monthly spend cap is reached: 429 rate_limit_error, "
+        "error.details.error_code enforced_spend_limit_reached, no retry-after (a limit set "
+        "in the Console: 400 'You have reached your specified API usage limits')",
+        (RATE_LIMITS,),
+        "the run fails after one request (usage_limit_reached, the API's message); a 429 "
+        "that may be retried parks the run for the wait the API states",
+    ),
+    Rule(
         "window_4_6",
         "Claude Sonnet 4.6: 1M context window, 128K output; effort max accepted",
         (SONNET_4_6, EFFORT),
@@ -347,7 +495,9 @@ def readme_table() -> str:
         "| --- | --- | --- | --- |",
     ]
     for rule in RULES:
-        source = ", ".join(f"[{_label(url)}]({url})" for url in rule.sources) or "UNSOURCED"
+        links = [f"[{_label(url)}]({url})" for url in rule.sources]
+        links += [f"third-party: [{_label(url)}]({url})" for url in rule.third_party]
+        source = ", ".join(links) or "UNSOURCED"
         said = rule.refuses + (f" ({rule.note})" if rule.note else "")
         rows.append(f"| `{rule.key}` | {said} | {source} | {rule.app} |")
     return "\n".join(rows) + "\n"

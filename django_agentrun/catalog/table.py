@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from datetime import date
 from decimal import Decimal
 from typing import Any
 
@@ -45,6 +46,10 @@ def _m(id: str, status: str, **kw: Any) -> ModelInfo:
 # tokens, and over (model overview page, "Pricing").
 _HAIKU_5_5_LONG = _p("0.50", "2.50", "0.625", "1.00", "0.05")
 
+# preserved_thinking (the prefix check of thinking blocks sent back): "Starting with Claude
+# Fable 5.1" (preserved thinking); Sonnet 5.5's and Haiku 5.5's blocks are also bound to the
+# account (the same page). For Mythos 5.1, Opus 5.5 and the 5.2 models the page does not
+# say: UNSOURCED (marked so in each entry), taken as the generation's rule.
 _TABLE: tuple[ModelInfo, ...] = (
     # ---- current generation -------------------------------------------------------------
     # Fable 5.2 / Mythos 5.2: $8 / $40, cache writes $10 / $16, reads $0.20. These figures
@@ -54,6 +59,7 @@ _TABLE: tuple[ModelInfo, ...] = (
     _m(
         "claude-fable-5-2",
         "current",
+        preserved_thinking=True,
         thinking=frozenset({"adaptive"}),
         effort=_ALL_EFFORT,
         forced_tool_choice=False,
@@ -63,12 +69,20 @@ _TABLE: tuple[ModelInfo, ...] = (
         prices=_p("8", "40", "10", "16", "0.20"),
         thinking_off=None,
         unsourced=frozenset(
-            ("cache_min_tokens", "effort", "forced_tool_choice", "prices", "thinking")
+            (
+                "cache_min_tokens",
+                "effort",
+                "forced_tool_choice",
+                "prices",
+                "thinking",
+                "preserved_thinking",
+            )
         ),
     ),
     _m(
         "claude-mythos-5-2",
         "current",
+        preserved_thinking=True,
         thinking=frozenset({"adaptive"}),
         effort=_ALL_EFFORT,
         forced_tool_choice=False,
@@ -78,7 +92,14 @@ _TABLE: tuple[ModelInfo, ...] = (
         prices=_p("8", "40", "10", "16", "0.20"),  # as Fable 5.2, see above
         thinking_off=None,
         unsourced=frozenset(
-            ("cache_min_tokens", "effort", "forced_tool_choice", "prices", "thinking")
+            (
+                "cache_min_tokens",
+                "effort",
+                "forced_tool_choice",
+                "prices",
+                "thinking",
+                "preserved_thinking",
+            )
         ),
     ),
     # Opus 5.5: 1M / 128K, $4 / $20, writes $5 / $8, reads $0.20; thinking cannot be
@@ -86,6 +107,7 @@ _TABLE: tuple[ModelInfo, ...] = (
     _m(
         "claude-opus-5-5",
         "current",
+        preserved_thinking=True,
         thinking=frozenset({"adaptive"}),
         effort=_ALL_EFFORT,  # xhigh / max on Opus 5.5: UNSOURCED (the levels the SDK knows)
         forced_tool_choice=False,
@@ -94,7 +116,7 @@ _TABLE: tuple[ModelInfo, ...] = (
         cache_min_tokens=512,  # UNSOURCED for 5.5 (Opus 5: 512)
         prices=_p("4", "20", "5", "8", "0.20"),
         thinking_off=None,
-        unsourced=frozenset(("cache_min_tokens", "effort")),
+        unsourced=frozenset(("cache_min_tokens", "effort", "preserved_thinking")),
     ),
     # Sonnet 5.5: 1M / 128K, $2 / $10, writes $2.50 / $4; cache reads cut to $0.10 (0.05x)
     # on 2026-10-07 (pricing page as quoted by price trackers; the stored overview page
@@ -105,6 +127,7 @@ _TABLE: tuple[ModelInfo, ...] = (
     _m(
         "claude-sonnet-5-5",
         "current",
+        preserved_thinking=True,
         thinking=frozenset({"adaptive", "between_tools"}),
         effort=_ALL_EFFORT,  # xhigh and max named on the Sonnet 5.5 page (between_tools)
         forced_tool_choice=False,
@@ -123,6 +146,7 @@ _TABLE: tuple[ModelInfo, ...] = (
     _m(
         "claude-haiku-5-5",
         "current",
+        preserved_thinking=True,
         thinking=frozenset({"adaptive", "disabled"}),
         effort=_ALL_EFFORT,
         forced_tool_choice=False,  # "current models refuse" (issue #19); page: UNSOURCED
@@ -141,6 +165,7 @@ _TABLE: tuple[ModelInfo, ...] = (
     _m(
         "claude-fable-5-1",
         "legacy",
+        preserved_thinking=True,
         thinking=frozenset({"adaptive"}),
         effort=_ALL_EFFORT,
         forced_tool_choice=False,
@@ -154,6 +179,7 @@ _TABLE: tuple[ModelInfo, ...] = (
     _m(
         "claude-mythos-5-1",
         "legacy",
+        preserved_thinking=True,
         thinking=frozenset({"adaptive"}),
         effort=_ALL_EFFORT,
         forced_tool_choice=False,
@@ -162,7 +188,9 @@ _TABLE: tuple[ModelInfo, ...] = (
         cache_min_tokens=512,  # UNSOURCED
         prices=_p("10", "50", "12.50", "20", "0.25"),
         thinking_off=None,
-        unsourced=frozenset(("cache_min_tokens", "forced_tool_choice", "thinking")),
+        unsourced=frozenset(
+            ("cache_min_tokens", "forced_tool_choice", "thinking", "preserved_thinking")
+        ),
     ),
     # Fable 5 / Mythos 5: $10 / $50, writes $12.50 / $20, reads $1 (pricing page);
     # adaptive thinking only (Bedrock adaptive-thinking page); cache minimum 512.
@@ -287,10 +315,16 @@ _TABLE: tuple[ModelInfo, ...] = (
         cache_min_tokens=1024,
         prices=_p("3", "15", "3.75", "6", "0.30"),
     ),
-    # Opus 4.5: 200K / 64K, $5 / $25, budgets, effort low..high; minimum 4,096.
+    # Opus 4.5: 200K / 64K, $5 / $25, budgets, effort low..high; minimum 4,096. Deprecated
+    # on 2026-11-23, retiring 2027-01-22 (replacement Opus 5.5): a third-party page quoting
+    # the deprecations page (modelpin 0.5.7 release notes,
+    # https://github.com/samarthputhraya/Modelpin/releases/tag/v0.5.7); the stored Opus 4.5
+    # page still says legacy.
     _m(
         "claude-opus-4-5",
         "legacy",
+        deprecated=date(2027, 1, 22),
+        replacement="claude-opus-5-5",
         context_window=200_000,
         max_output=64_000,
         thinking=frozenset({"enabled", "disabled"}),
@@ -306,10 +340,16 @@ _TABLE: tuple[ModelInfo, ...] = (
         unsourced=frozenset(("thinking_display",)),
     ),
     # Sonnet 4.5: 200K / 64K, $3 / $15, writes $3.75 / $6, reads $0.30; minimum 1,024.
-    # Still on the pricing page; kept for the projects that run it.
+    # Retired on 2026-11-30, replacement Sonnet 5.5 (the Sonnet 4.5 model page: "retires on
+    # November 30, 2026. Recommended replacement: Claude Sonnet 5.5",
+    # https://platform.claude.com/docs/en/models/sonnet-4-5/overview): kept so that its
+    # recorded runs are priced and a request to it is refused naming the replacement.
     _m(
         "claude-sonnet-4-5",
         "legacy",
+        deprecated=date(2026, 11, 30),
+        retired=True,
+        replacement="claude-sonnet-5-5",
         context_window=200_000,
         max_output=64_000,
         thinking=frozenset({"enabled", "disabled"}),

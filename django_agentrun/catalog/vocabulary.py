@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, date, datetime
 from decimal import Decimal
 
 D = Decimal
@@ -18,6 +19,13 @@ STATUSES = frozenset({"current", "legacy"})
 # https://docs.aws.amazon.com/claude-platform/latest/userguide/data-residency.html; the
 # platform.claude.com data-residency page names the parameter and the models).
 US_ONLY_MULTIPLIER = Decimal("1.1")
+
+# A refusal that arrives before any output is billed only in these stop_details categories
+# (Refusals and fallback, "How refusals are billed",
+# https://platform.claude.com/docs/en/build-with-claude/refusals-and-fallback#how-refusals-are-billed;
+# release notes 2026-09-24): any other category, or none, is not billed. A refusal after
+# output (mid-stream) bills the input and the output streamed, as any answer.
+REFUSAL_BILLED_CATEGORIES = frozenset({"bio", "frontier_llm", "reasoning_extraction"})
 
 # Server tool type names (anthropic 2.16 ToolUnionParam), by family.
 WEB_SEARCH = ("web_search_20250305", "web_search_20260209", "web_search_20260318")
@@ -110,9 +118,30 @@ class ModelInfo:
     fixed_effort_with: frozenset[str] = frozenset()
     # The request's inference_geo accepted (Claude Opus 4.6 and later).
     inference_geo: bool = True
+    # The API checks a thinking block sent back against what preceded it ("Starting with
+    # Claude Fable 5.1", preserved thinking,
+    # https://platform.claude.com/docs/en/build-with-claude/preserved-thinking): a block
+    # after a changed prefix is refused or dropped. Earlier models take a block back
+    # whatever preceded it, and need the open tool loop's last turn to keep its thinking.
+    preserved_thinking: bool = False
     # The fields of this entry the stored platform docs do not give (UNSOURCED: from
     # third-party pages, a sibling model, or this project's earlier beliefs).
     unsourced: frozenset[str] = frozenset()
+    # The lifecycle ("Model deprecations": active, legacy, deprecated, retired,
+    # https://platform.claude.com/docs/en/about-claude/model-deprecations): a deprecated
+    # model's retirement date (requests fail from that day on), `retired` once the docs say
+    # so, and the replacement they recommend.
+    deprecated: date | None = None
+    retired: bool = False
+    replacement: str = ""
+
+    def lifecycle(self, today: date | None = None) -> str:
+        """ "retired" (requests to it fail), "deprecated" (it retires on `deprecated`), or its
+        status ("current", "legacy"), on `today` (UTC)."""
+        today = today or datetime.now(UTC).date()
+        if self.retired or (self.deprecated is not None and self.deprecated <= today):
+            return "retired"
+        return "deprecated" if self.deprecated is not None else self.status
 
     def efforts_for(self, thinking: str) -> frozenset[str]:
         """The effort levels `thinking` (a thinking.type) is accepted at on this model."""

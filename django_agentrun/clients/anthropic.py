@@ -178,9 +178,8 @@ class AnthropicModelClient:
         governor = _governor.get_governor()
         if governor is not None:
             scope = self._scope()
-            verdict = governor.admit(
-                scope, request.model, request.admission, _governor.estimate_input_tokens(params)
-            )
+            spent = _governor.estimate_input_tokens(params, request.admission)
+            verdict = governor.admit(scope, request.model, request.admission, spent)
             if not verdict.go:
                 raise RateLimited(
                     "Not now: the account's rate limit is spent (the governor).",
@@ -311,19 +310,25 @@ class AnthropicModelClient:
             error_type = exc.type or ""
             if status == 200:  # an `event: error` inside a 200 stream
                 status = _STREAM_ERROR_STATUS.get(error_type, 500)
-            should_retry = exc.response.headers.get("x-should-retry")
+            headers = exc.response.headers
+            detail = exc.api_message or exc.message
+            should_retry = headers.get("x-should-retry")
             if should_retry in ("true", "false"):
-                retryable = should_retry == "true"  # the API's explicit word wins
+                # The API's explicit word wins (the SDK obeys it too: _base_client._should_retry).
+                retryable = should_retry == "true"
             else:
                 retryable = status in (408, 429) or status >= 500
-            detail = exc.api_message or exc.message
+            if usage_limit(status, exc.error_code, detail):
+                retryable = False  # "Retrying ... fails until access resumes" (usage_limit)
             message = f"{status} {error_type or 'error'}: {detail}"
-            kind = RateLimited if status in (429, 529) else ModelError
+            # Only a limit that lifts is a rate limit the run waits out (parked); a 429 the
+            # API says not to retry (the spend cap) fails the turn like any final error.
+            kind = RateLimited if retryable and status in (429, 529) else ModelError
             return kind(
                 self._redact(message),
                 retryable=retryable,
                 status=status,
-                retry_after=_retry_after(exc.response.headers) if retryable else None,
+                retry_after=wait_of(headers) if retryable else None,
                 request_id=exc.request_id or "",
             )
         if isinstance(exc, anthropic.APITimeoutError | httpx2.TimeoutException):
@@ -385,7 +390,7 @@ def _delta(event: Any) -> dict[str, Any] | None:
     if kind == "content_block_start":
         block = event.content_block
         start = {"kind": "block_start", "index": event.index, "block": block.type}
-        if block.type in ("tool_use", "server_tool_use"):
+        if block.type in ("tool_use", "server_tool_use", "mcp_tool_use"):
             start.update(id=block.id, name=block.name)
         return start
     if kind == "content_block_stop":
@@ -434,6 +439,37 @@ _CITATION_PARAMS = {
     typing.get_args(typing.get_type_hints(t)["type"])[0]: t
     for t in typing.get_args(TextCitationParam)
 }
+
+
+def usage_limit(status: int, error_code: str | None, message: str | None) -> bool:
+    """Whether an error says a spend limit was reached: the tier's monthly spend cap (429
+    `rate_limit_error` with `error.details.error_code` `enforced_spend_limit_reached` and
+    no retry-after) or a limit the organization or workspace set itself (400 whose message
+    begins "You have reached your specified ... API usage limits"). "Retrying, including
+    the SDKs' automatic retries, fails until access resumes" (Rate limits, "Reaching your
+    spend cap" and "Setting your own spend limit",
+    https://platform.claude.com/docs/en/api/rate-limits)."""
+    if error_code == "enforced_spend_limit_reached":
+        return True
+    text = (message or "").lower()
+    return (
+        status in (400, 429)
+        and text.startswith("you have reached your")
+        and ("usage limit" in text)
+    )
+
+
+def wait_of(headers: Any) -> float | None:
+    """How long a refused request waits before it is sent again: the `retry-after`
+    ("The number of seconds to wait until you can retry the request. Earlier retries will
+    fail."), else the time until the exhausted limit's `anthropic-ratelimit-*-reset`
+    (Rate limits, "Response headers", https://platform.claude.com/docs/en/api/rate-limits);
+    None when neither says."""
+    found = _retry_after(headers)
+    if found is not None:
+        return found
+    blocked = _governor.read_headers(headers)[1]
+    return blocked if blocked > 0 else None
 
 
 def _retry_after(headers: httpx2.Headers) -> float | None:

@@ -51,6 +51,18 @@ def host_markers(tools: list[dict[str, Any]], system: list[dict[str, Any]]) -> i
     return breakpoints(tools) + breakpoints(system)
 
 
+def _last_marked(messages: Any) -> bool:
+    """Whether the last block of the last message carries a host's cache_control."""
+    if not isinstance(messages, list) or not messages or not isinstance(messages[-1], dict):
+        return False
+    content = messages[-1].get("content")
+    return (
+        isinstance(content, list)
+        and bool(content)
+        and bool(isinstance(content[-1], dict) and content[-1].get("cache_control"))
+    )
+
+
 def place(
     params: dict[str, Any],
     tools: list[dict[str, Any]],
@@ -76,7 +88,10 @@ def place(
         host.append(((3, 0), ttl_of(params["cache_control"])))
     free = MAX_CACHE_BREAKPOINTS - len(host)
     wanted: list[tuple[tuple[int, int], Any]] = []
-    if not params.get("cache_control"):
+    if not params.get("cache_control") and not _last_marked(messages):
+        # The top-level marker goes on the last block: where the host marked that block
+        # itself, automatic caching is a no-op (same TTL) or a 400 (another TTL: a 5-minute
+        # marker on a host's 1-hour block; prompt caching, Automatic caching, "Edge cases").
         wanted.append(((3, 0), params))
     if tools and not tools[-1].get("cache_control"):
         wanted.append(((0, len(tools) - 1), tools[-1]))

@@ -36,13 +36,14 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import logging
 import random
 import time
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
+
+from .estimate import uncached_input
 
 logger = logging.getLogger(__name__)
 
@@ -227,11 +228,14 @@ def _reset(value: Any) -> float | None:
         return None
 
 
-def estimate_input_tokens(params: dict[str, Any]) -> int:
-    """A rough count of a request's input tokens (about 4 characters a token), spent
-    before sending; the answer's usage is what the API counts."""
-    size = sum(len(json.dumps(params.get(k) or "", default=str)) for k in ("system", "messages"))
-    return size // 4 + 1
+def estimate_input_tokens(params: dict[str, Any], admission: dict[str, Any] | None = None) -> int:
+    """The input tokens a request spends of the account's ITPM limit, before sending: those
+    after its last cache breakpoint, tools included, and those up to it not already cached,
+    learned (and the estimate's scale corrected) from the run's previous answer's usage
+    (`admission["previous"]`; clients/estimate.py cites the docs). The answer's usage is what
+    the API counts; its headers correct the account's standing."""
+    previous = (admission or {}).get("previous")
+    return uncached_input(params, previous if isinstance(previous, dict) else None)
 
 
 def share_of(admission: dict[str, Any]) -> tuple[str, int, str]:

@@ -19,7 +19,7 @@ from .. import signals, transitions
 from ..abort import LEASE_UNRENEWED
 from ..models import Run, ToolCall, Turn
 from ..outcomes import CallEnding
-from ..states import TOOL_CALL_CLOSED, RunState, SideEffect, ToolCallState
+from ..states import TOOL_CALL_CLOSED, RunState, ToolCallState
 from ..store import Write, cancel_request
 from ..tokens import approval_token
 from ..tools import Tool, batch
@@ -49,6 +49,7 @@ class Facts:
     message: str = ""
     phase: str = ""
     delay: float = 0.0  # a rate limit's wait
+    limited: dict[str, Any] | None = None  # the API's refusal it waits out, if it was one
     stop_reason: str = ""  # the answer's stop reason
     refusal: dict[str, Any] | None = None  # a refused answer's details
 
@@ -268,7 +269,7 @@ def may_start(step: Step, call: ToolCall, tool: Tool | None) -> Ended:
         return Ended.TOOL_GONE
     if not call.approved and tool.needs_approval(call.arguments, step.run):
         return Ended.NEEDS_APPROVAL
-    if tool.side_effect == SideEffect.ATOMIC:
+    if tool.in_transaction:
         return Ended.ATOMIC
     return Ended.STARTS
 
@@ -460,7 +461,9 @@ def _actions() -> dict[str, Any]:
         "complete_turn": lambda step, write, facts: transitions.complete_turn(write, facts.turn),
         "continue_run": lambda step, write, facts: transitions.continue_run(write, step.run),
         "hand_off": lambda step, write, facts: transitions.hand_off(write, step.run),
-        "hold": lambda step, write, facts: transitions.hold(write, step.run, facts.delay),
+        "hold": lambda step, write, facts: transitions.hold(
+            write, step.run, facts.delay, facts.limited
+        ),
     }
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from decimal import ROUND_HALF_EVEN, Decimal
 from typing import Any
 
-from ..catalog import US_ONLY_MULTIPLIER, Prices, model_info
+from ..catalog import REFUSAL_BILLED_CATEGORIES, US_ONLY_MULTIPLIER, Prices, model_info
 from ..media import block_tokens
 from ..tools import canonical_json
 
@@ -70,6 +70,16 @@ def price(prices: Prices | None, usage: Mapping[str, Any]) -> Decimal:
             + _int(tools.get("web_fetch_requests")) * prices.web_fetch_per_1k
         ) / THOUSAND
     return (tokens + requests).quantize(MICRO, rounding=ROUND_HALF_EVEN)
+
+
+def refusal_billed(content: Sequence[Any], stop_details: Mapping[str, Any] | None) -> bool:
+    """Whether a refused answer is billed: one that streamed output is (its input and the
+    output streamed); one refused before any output only in the categories the docs name
+    (catalog.REFUSAL_BILLED_CATEGORIES, with their source)."""
+    if content:
+        return True
+    category = (stop_details or {}).get("category")
+    return category in REFUSAL_BILLED_CATEGORIES
 
 
 MILLION = Decimal(1_000_000)

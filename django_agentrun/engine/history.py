@@ -140,8 +140,10 @@ def _add(
     add_user(messages, user_message(input, context))
     before: TurnRecord | None = None
     for turn in sorted(turns, key=lambda t: t.index):
-        if not turn.content:
-            continue  # no response recorded (cancelled or failed before it)
+        if not turn.content or turn.stop_reason == "refusal":
+            # No response recorded (cancelled or failed before it), or a refused one: the
+            # conversation goes on from before it (model_turn._answered cites the docs).
+            continue
         if before is not None and before.cut_off:
             add_user(messages, user_message(CONTINUE_NOTICE))
         elif before is not None and before.final:
@@ -237,6 +239,7 @@ def keep_valid_thinking(
     model: str,
     system: Any,
     tools: Any,
+    preserved: bool = True,
 ) -> list[dict[str, Any]]:
     """`messages` with every thinking block the API would refuse left out.
 
@@ -251,9 +254,18 @@ def keep_valid_thinking(
     with `prefix_mismatch_behavior: "drop_block"` (the blocks dropped, the request answered).
     Every later block differs with it, except one written after the change (its own prefix
     already without it). A turn recorded before the hash was kept (empty `prefix`) is
-    trusted until the first block left out."""
+    trusted until the first block left out.
+
+    Only the `preserved`-thinking models run that check ("Starting with Claude Fable 5.1",
+    preserved thinking; catalog ModelInfo.preserved_thinking). On the others (Opus and
+    Sonnet 4.x, ...) the thinking of the open tool-use loop's last assistant turn must go
+    back ("During tool use, you must pass thinking blocks back to the API for the last
+    assistant message", https://platform.claude.com/docs/en/build-with-claude/extended-thinking)
+    and is kept whatever changed before it; earlier turns' blocks, which those models strip
+    themselves, are left out as above."""
     if not any(has_thinking(m["content"]) for m in messages if m["role"] == "assistant"):
         return messages
+    loop = _open_loop(messages) if not preserved else None
     digest = _prefix_digest(model, system, tools)
     changed = False
     out = []
@@ -261,7 +273,9 @@ def keep_valid_thinking(
         origin = origins.get(id(message))
         record = origin[1] if origin is not None and origin[0] is message else None
         if message["role"] == "assistant" and has_thinking(message["content"]):
-            if record is not None and record.prefix:
+            if message is loop:
+                drop = False  # the open loop's turn keeps its thinking (above)
+            elif record is not None and record.prefix:
                 # Written after what precedes it now (even after a block left out): valid.
                 drop = digest.hexdigest() != record.prefix
             else:
@@ -273,6 +287,18 @@ def keep_valid_thinking(
         out.append(message)
         digest.update(_canonical(message) + b"\0")
     return out
+
+
+def _open_loop(messages: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The assistant message of an open tool-use loop: the last but one message, answered
+    by the last (a user message that starts with its tool results)."""
+    if len(messages) < 2 or messages[-1]["role"] != "user" or messages[-2]["role"] != "assistant":
+        return None
+    content = messages[-1]["content"]
+    first = content[0] if isinstance(content, list) and content else None
+    if isinstance(first, dict) and first.get("type") == "tool_result":
+        return messages[-2]
+    return None
 
 
 def add_user(messages: list[dict[str, Any]], message: dict[str, Any]) -> None:
@@ -319,7 +345,12 @@ def final_output(
     turns: Sequence[Any], has_calls: Any, refusal: dict[str, Any] | None
 ) -> dict[str, Any]:
     """A completed run's output: the text of its last answer (with the text of the answers
-    cut off at max_tokens that it continued, joined before it), its content, a refusal."""
+    cut off at max_tokens that it continued, joined before it), its content, a refusal. A
+    refused answer's partial output is incomplete and discarded (Refusals and fallback,
+    https://platform.claude.com/docs/en/build-with-claude/refusals-and-fallback): the output
+    is the refusal."""
+    if refusal is not None:
+        return {"text": "", "content": [], "refusal": refusal}
     answered = [t for t in turns if t.content]
     final = answered[-1] if answered else None
     parts = answered[-1:]
@@ -331,8 +362,6 @@ def final_output(
         "text": "".join(text_of(t.content) for t in parts),
         "content": final.content if final else [],
     }
-    if refusal is not None:
-        output["refusal"] = refusal
     return output
 
 
@@ -366,6 +395,9 @@ _ABOUT_HISTORY = re.compile(
 )
 
 
+_USAGE_LIMIT = re.compile(r"you have reached your .*usage limits", re.I)
+
+
 def model_failure(exc: ModelError) -> tuple[str, str]:
     """The run's error code and message for a model call that failed for good.
 
@@ -375,6 +407,11 @@ def model_failure(exc: ModelError) -> tuple[str, str]:
     offending tool result (services.replace_tool_result) and resumes the run."""
     if exc.retryable:
         return "model_unavailable", str(exc)
+    if exc.status == 429 or (exc.status == 400 and _USAGE_LIMIT.search(str(exc))):
+        # A limit the API says not to retry (the tier's spend cap), or a spend limit set in
+        # the Console: retrying fails until access resumes (clients/anthropic.usage_limit
+        # cites the rate-limits page). A 429 that may be retried is parked, never here.
+        return "usage_limit_reached", str(exc)
     if exc.status == 413 or (exc.status == 400 and _ABOUT_HISTORY.search(str(exc))):
         return (
             "history_rejected",

@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from .. import streams, telemetry, transitions
 from ..agents import share_key
+from ..catalog import model_info
 from ..clients import ModelError, ModelRequest, ModelResponse, RateLimited, StreamAborted
 from ..conf import agentrun_settings
 from ..events import payloads
@@ -48,6 +49,7 @@ from .history import (
     sanitize_content,
     user_message,
 )
+from .limits import parked
 from .step import Commit, Step
 
 logger = logging.getLogger(__name__)
@@ -65,10 +67,7 @@ def ask(step: Step, turn: Turn) -> Commit:
         return commit_of(step, step.write(), At.ANSWER, Ended.STREAM_ABORTED)
     except RateLimited as exc:
         # Nothing answered, nothing paid: the run waits out the limit parked, not here.
-        delay = exc.retry_after or agentrun_settings.MODEL_RETRY_BASE_SECONDS
-        delay = min(delay, agentrun_settings.MODEL_RETRY_MAX_SECONDS) * (1 + random.random() / 5)
-        logger.info("Rate limited (%s), parked for %.1fs run_id=%s", exc, delay, step.run_id)
-        return commit_of(step, step.write(), At.ANSWER, Ended.RATE_LIMITED, delay=delay)
+        return parked(step, turn, exc)
     except ModelError as exc:
         code, message = model_failure(exc)
         failed = {"code": code, "message": message[:2000], "phase": "model"}
@@ -127,9 +126,16 @@ def request(step: Step, turn: Turn) -> ModelRequest:
     if not config.tools:
         tool_choice = None  # the API refuses a tool_choice without tools
     tools = list(config.tools)
-    messages = keep_valid_thinking(
-        messages, origins, model=config.model, system=system, tools=tools
-    )
+    if any(has_thinking(m["content"]) for m in messages if m["role"] == "assistant"):
+        info = model_info(config.model)  # whether the model checks a block's prefix
+        messages = keep_valid_thinking(
+            messages,
+            origins,
+            model=config.model,
+            system=system,
+            tools=tools,
+            preserved=info.preserved_thinking if info is not None else True,
+        )
     return ModelRequest(
         model=config.model,
         messages=messages,
@@ -149,9 +155,22 @@ def request(step: Step, turn: Turn) -> ModelRequest:
 
 def admission(step: Step) -> dict[str, Any]:
     """Who a request is for, as the governor's fair share reads it: the run, and the key it
-    was created with (Run.share_key; named again for a run made before it was kept)."""
+    was created with (Run.share_key; named again for a run made before it was kept); and
+    `previous`: the usage of the run's last answer while its cache entries live (the
+    governor learns from it what of the prompt is cached: clients/estimate.py)."""
     run = step.run
-    return {"run": run, "key": run.share_key or share_key(run)}
+    found: dict[str, Any] = {"run": run, "key": run.share_key or share_key(run)}
+    last = step.turns[-1] if step.turns else None
+    if last is not None and last.content:
+        # The cache entry lives its TTL from the request that last used it (the turn's).
+        ttl = 3600 if step.config.cache_ttl == "1h" else 300
+        if (timezone.now() - last.started_at).total_seconds() < ttl:
+            found["previous"] = {
+                "input_tokens": last.input_tokens,
+                "cache_creation_input_tokens": last.cache_creation_input_tokens,
+                "cache_read_input_tokens": last.cache_read_input_tokens,
+            }
+    return found
 
 
 def _continued(records: list[TurnRecord]) -> bool:
@@ -196,9 +215,10 @@ def call_model(
         try:
             return complete(step.client.create(sent, abort=step.abort)), attempt
         except ModelError as exc:
-            if isinstance(exc, RateLimited) or exc.status in (429, 529):
+            if exc.retryable and (isinstance(exc, RateLimited) or exc.status in (429, 529)):
                 # The account's limit or the API's overload: never waited out in the slot,
-                # the run is parked and asks again later (a retry all the same).
+                # the run is parked and asks again later (a retry all the same). A 429 the
+                # API says not to retry (the spend cap) is final: it fails below.
                 telemetry.model_retry(exc.status, req.model, parked=True)
                 raise exc if isinstance(exc, RateLimited) else _rate_limited(exc) from exc
             if not exc.retryable or attempt == retries:
@@ -247,8 +267,10 @@ def record(step: Step, turn: Turn, response: ModelResponse, retries: int) -> Com
     content = sanitize_content(response.content)
     usage = response.usage.as_dict()
     billed = response.usage.as_billed()  # with cache writes by TTL and server tool use
-    cost = guards.price(step.prices, billed)
     stop = response.stop_reason or ""
+    # A refused answer is paid for as the docs bill it (guards.refusal_billed).
+    charged = stop != "refusal" or guards.refusal_billed(response.content, response.stop_details)
+    cost = guards.price(step.prices, billed) if charged else guards.price(None, billed)
     blocks = [b for b in content if b.get("type") == "tool_use"]
     truncated_id = (
         content[-1].get("id")
@@ -285,7 +307,7 @@ def record(step: Step, turn: Turn, response: ModelResponse, retries: int) -> Com
         )
         failed = {"code": "invalid_model_output", "message": message, "phase": "model"}
         return commit_of(step, write, At.ANSWER, Ended.UNUSABLE_IDS, turn=turn, **failed)
-    calls = intents(step, write, turn, blocks, truncated_id)
+    calls = intents(step, write, turn, blocks, truncated_id, refused=stop == "refusal")
     exceeded = stop == "model_context_window_exceeded"
     transitions.answer_turn(
         write,
@@ -302,6 +324,8 @@ def record(step: Step, turn: Turn, response: ModelResponse, retries: int) -> Com
         failed = {"code": "context_window_exceeded", "message": message, "phase": "model"}
         return commit_of(step, write, At.ANSWER, Ended.CONTEXT_EXCEEDED, turn=turn, **failed)
     ended, refusal = _answered(step, turn, calls, stop, response)
+    if refusal is not None:
+        refusal["billed"] = charged
     ctx = {"turn": turn, "stop_reason": stop, "refusal": refusal}
     return commit_of(step, write, At.ANSWER, ended, ("model.after_commit", None), **ctx)
 
@@ -309,7 +333,21 @@ def record(step: Step, turn: Turn, response: ModelResponse, retries: int) -> Com
 def _answered(
     step: Step, turn: Turn, calls: list[ToolCall], stop: str, response: ModelResponse
 ) -> tuple[Ended, dict[str, Any] | None]:
-    """What the answer ended with (step.FOLLOWS says what follows it), and its refusal."""
+    """What the answer ended with (step.FOLLOWS says what follows it), and its refusal.
+
+    A refused answer ends the run whatever it streamed before the refusal (ARCHITECTURE.md
+    invariant 11): its calls were closed as not run (`intents`), and the conversation goes
+    on from before it (history.build_messages leaves it out): "you must reset the
+    conversation context by removing or updating the turn that was refused before
+    continuing" (https://platform.claude.com/docs/en/test-and-evaluate/strengthen-guardrails/handle-streaming-refusals),
+    and its partial output is incomplete and discarded (history.final_output;
+    https://platform.claude.com/docs/en/build-with-claude/refusals-and-fallback)."""
+    if stop == "refusal":
+        # The model that answered (the API may have fallen back to another) and why.
+        refusal = {"model": response.model, **(response.stop_details or {})}
+        refusal.pop("type", None)
+        refusal["left_out_of_history"] = True
+        return Ended.ANSWERED, refusal
     if any(c.state not in TOOL_CALL_CLOSED for c in calls):
         return Ended.CALLS_OPEN, None
     if calls:
@@ -321,12 +359,7 @@ def _answered(
         # The API paused its own loop (server tools) or stopped after compacting: the next
         # turn sends this content back as the last message and the API goes on from it.
         return Ended.PAUSED, None
-    if stop != "refusal":
-        return Ended.ANSWERED, None
-    # The model that answered (the API may have fallen back to another) and why.
-    refusal = {"model": response.model, **(response.stop_details or {})}
-    refusal.pop("type", None)
-    return Ended.ANSWERED, refusal
+    return Ended.ANSWERED, None
 
 
 def describe(value: Any) -> str:
@@ -344,12 +377,23 @@ FINAL_TURN = (
     "Not run: the turn limit of this run is reached and no more tools may be called. Answer "
     "with what you have."
 )
+REFUSED = (
+    "Not run: the answer that asked for this call ended in a refusal (stop_reason "
+    "refusal), so nothing in it was run and it is left out of the conversation."
+)
 
 
 def intents(
-    step: Step, write: Write, turn: Turn, blocks: list[dict[str, Any]], truncated_id: str | None
+    step: Step,
+    write: Write,
+    turn: Turn,
+    blocks: list[dict[str, Any]],
+    truncated_id: str | None,
+    *,
+    refused: bool = False,
 ) -> list[ToolCall]:
-    """The calls of `turn`, built (added with the answer); their events recorded."""
+    """The calls of `turn`, built (added with the answer); their events recorded. The calls
+    of a `refused` answer close at once, not run."""
     config, run = step.config, step.run
     cap = config.max_tool_calls_per_turn
     threshold = config.repeat_threshold
@@ -360,7 +404,12 @@ def intents(
     for position, block in enumerate(blocks):
         name = str(block.get("name", ""))
         raw = block.get("input") if isinstance(block.get("input"), dict) else {}
-        state, error, arguments = _guard(step, turn, block, name, raw, position, cap, truncated_id)
+        if refused:
+            state, error, arguments = ToolCallState.SKIPPED, REFUSED, raw
+        else:
+            state, error, arguments = _guard(
+                step, turn, block, name, raw, position, cap, truncated_id
+            )
         digest = arguments_hash(name, arguments)
         looped = state == ToolCallState.REQUESTED and guards.repeated(
             history, digest, threshold, window

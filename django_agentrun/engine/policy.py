@@ -17,7 +17,7 @@ from typing import Any
 from ..content import stored_result
 from ..exceptions import InvalidContent, stopping_cause
 from ..models import ToolCall
-from ..states import SideEffect
+from ..side_effects import rerunnable
 from ..tools import Tool, ToolContext
 from .step import Step
 
@@ -47,7 +47,7 @@ class Unknown:
 
 Decision = Rerun | Reconciled | Unknown
 
-RERUNNABLE = (SideEffect.READ_ONLY, SideEffect.IDEMPOTENT_WRITE, SideEffect.ATOMIC)
+RERUNNABLE = rerunnable()  # the classes the table (side_effects.MEANINGS) says recovery re-runs
 
 
 def decide(step: Step, call: ToolCall, tool: Tool | None, context: ToolContext) -> Decision:

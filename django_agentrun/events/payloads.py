@@ -170,6 +170,19 @@ def turn_failed(turn: Any) -> Event:
     return EventType.TURN_FAILED, _turn(turn)
 
 
+def model_rate_limited(
+    *, turn_index: int, parks: int, status: int | None, wait_seconds: float, message: str
+) -> Event:
+    """The API refused a turn's request for a limit; the run waits, parked."""
+    return EventType.MODEL_RATE_LIMITED, {
+        "turn_index": turn_index,
+        "parks": parks,
+        "status": status,
+        "wait_seconds": wait_seconds,
+        "message": message,
+    }
+
+
 def model_response(
     turn: Any,
     response: Any,

@@ -76,6 +76,7 @@ ALLOWLIST: dict[str, Spec] = {
     EventType.TURN_COMPLETED: _keys(),
     EventType.TURN_CANCELLED: _keys(),
     EventType.TURN_FAILED: _keys(),
+    EventType.MODEL_RATE_LIMITED: _keys("parks", "status", "wait_seconds", "message"),
     EventType.MODEL_RESPONSE: _keys(
         "model", "stop_reason", "stop_details", "content", "usage", "thinking_tokens", "cost_usd"
     ),

@@ -41,6 +41,10 @@ class EventType(models.TextChoices):
     """The turn was closed by cancellation or a deadline."""
     TURN_FAILED = "turn_failed", "Turn failed"
     """The turn was closed because the run failed."""
+    MODEL_RATE_LIMITED = "model_rate_limited", "Model rate limited"
+    """The API refused the turn's request for a limit (429, 529): nothing answered, nothing
+    paid; the run waits `wait_seconds` (parked) and asks again (`parks`: the refusals of the
+    turn so far)."""
     MODEL_RESPONSE = "model_response", "Model response"
     """The model's complete answer (content, stop reason, usage), recorded before any tool runs."""
     TOOL_CALL_REQUESTED = "tool_call_requested", "Tool call requested"

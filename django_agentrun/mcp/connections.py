@@ -7,16 +7,26 @@ that loop (the SDK's transports and sessions are entered and left in the same ta
 kept for the life of the process: a stdio server is started once per process, an HTTP
 session once per server and set of headers (one per owner when the headers are a user's).
 
-Before each call the session is pinged: a stdio server that died is started again, an HTTP
-session that expired is opened again, and the call is sent only on a live session. A
-connection lost while a call was out is an unknown outcome (`ToolOutcomeUnknown`): nothing
-is recorded and the call's side-effect class decides, as after a crash.
+A session is opened in the protocol the server speaks: `server/discover` first (the
+2026-07-28 protocol: no `initialize`, no `ping`, no session ids; the SDK's
+`ClientSession.discover()`), and the `initialize` handshake for a server that does not
+answer it (earlier protocols), as the SDK's own `Client(mode="auto")` does.
+
+Before each call the session is checked: pinged (earlier protocols), or asked
+`server/discover` again (2026-07-28 has no ping); a stdio server that died is started
+again, an HTTP session that expired is opened again, and the call is sent only on a live
+session. A connection lost while a call was out is an unknown outcome
+(`ToolOutcomeUnknown`): nothing is recorded and the call's side-effect class decides, as
+after a crash. A result whose `structuredContent` does not follow the tool's
+`outputSchema` (the SDK checks it, as clients should) is the tool's error, naming the
+mismatch: it ran (`OutputMismatch`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 import os
 import queue
@@ -113,13 +123,14 @@ class Connection:
         self.opened = 0  # how many times a session was opened (a restart counts)
 
     async def live(self) -> Any:
-        """A session known to answer: the current one if a ping gets through, else a new one."""
+        """A session known to answer: the current one if it answers a ping (or, on the
+        2026-07-28 protocol, which has none, `server/discover`), else a new one."""
         if self._opening is None:
             self._opening = asyncio.Lock()
         async with self._opening:
             if self.session is not None and self._holder is not None and not self._holder.done():
                 try:
-                    await asyncio.wait_for(self.session.send_ping(), PING_SECONDS)
+                    await asyncio.wait_for(_probe(self.session), PING_SECONDS)
                     return self.session
                 except Exception:  # noqa: BLE001 - dead or wedged: open another
                     logger.info(
@@ -172,8 +183,8 @@ class Connection:
                 read, write = streams[0], streams[1]
                 # No session-wide read timeout: the open is bounded by connect_timeout, each
                 # call by the server's timeout.
-                session = await stack.enter_async_context(mcp.ClientSession(read, write))
-                await session.initialize()
+                session = await stack.enter_async_context(_session_class(mcp)(read, write))
+                await _open_session(session, mcp)
                 ready.set_result(session)
                 await close.wait()
         except BaseException as exc:
@@ -196,6 +207,47 @@ class Connection:
                 await asyncio.wait_for(holder, 5)
             except BaseException:  # noqa: BLE001 - closing: whatever it ended with
                 holder.cancel()
+
+
+async def _open_session(session: Any, mcp: Any) -> None:
+    """The protocol the server speaks: `server/discover` (2026-07-28), else `initialize`."""
+    try:
+        await session.discover()
+    except mcp.MCPError:
+        # No answer to server/discover from the server: an earlier protocol's (any JSON-RPC
+        # error; a transport failure propagates), as the SDK's Client(mode="auto") decides.
+        await session.initialize()
+
+
+def _modern(session: Any) -> bool:
+    return session.discover_result is not None
+
+
+async def _probe(session: Any) -> None:
+    """A cheap request the server answers when the session is alive."""
+    if _modern(session):
+        await session.send_discover(session.protocol_version)
+    else:
+        await session.send_ping()
+
+
+class OutputMismatch(Exception):
+    """The tool answered, but its `structuredContent` does not follow its `outputSchema`."""
+
+
+@functools.cache
+def _session_class(mcp: Any) -> type:
+    """The SDK's ClientSession, its check of a result against the tool's output schema
+    (which raises RuntimeError after the result arrived) told apart as OutputMismatch."""
+
+    class Session(mcp.ClientSession):
+        async def validate_tool_result(self, name: str, result: Any) -> None:
+            try:
+                await super().validate_tool_result(name, result)
+            except RuntimeError as exc:
+                raise OutputMismatch(str(exc)) from exc
+
+    return Session
 
 
 def _errlog() -> Any:
@@ -320,6 +372,14 @@ def call_tool(
     if not state.sent:  # the session never answered a ping: nothing was sent
         raise ToolError(
             f"MCP server {server.name} is unavailable: {http.without_queries(repr(exc))}"
+        ) from exc
+    if isinstance(exc, OutputMismatch):
+        # The tool ran and answered: not an unknown outcome. The model is told what was
+        # wrong (clients validate structuredContent against outputSchema: MCP, Tools,
+        # "Output schema", https://modelcontextprotocol.io/specification/2025-11-25/server/tools).
+        raise ToolError(
+            f"MCP tool {name} on {server.name} ran, but its result does not follow its "
+            f"output schema: {exc}"
         ) from exc
     if isinstance(exc, mcp.MCPError):
         code = getattr(exc.error, "code", None)

@@ -7,17 +7,19 @@ Plain data, no `mcp` import: the SDK is needed only to talk to a server (connect
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 from ..exceptions import ConfigurationError
+from ..side_effects import meaning
 from ..states import SideEffect
+from ..tools import TOOL_NAME
 
-# The Messages API's tool names: letters, digits, _ and -, at most 128 characters.
-_TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,128}$")
+# The Messages API's tool names: letters, digits, _ and -, at most 64 characters
+# (tools.TOOL_NAME cites the page).
+_TOOL_NAME = TOOL_NAME
 _OVERRIDES = frozenset({"side_effect", "requires_approval", "reconcile", "approval_timeout"})
 
 Headers = Callable[[Any], Mapping[str, str]]
@@ -36,7 +38,8 @@ class MCPServer:
     Only a `trusted` server's annotations choose a tool's class: `readOnlyHint` is
     read_only, `idempotentHint` an idempotent write, anything else non_idempotent, and a
     `destructiveHint` tool needs approval unless `destructive_needs_approval=False` (or the
-    tool's own setting) says otherwise. An untrusted server's tools are non_idempotent.
+    tool's own setting) says otherwise. An untrusted server's tools are non_idempotent and
+    wait for a person, unless the tool's own setting (`tools=`) says otherwise.
     """
 
     name: str
@@ -130,7 +133,7 @@ class MCPServer:
                         f"MCP server {self.name}, tool {tool_name}: side_effect must be one of "
                         f"{', '.join(SideEffect.values)}"
                     ) from None
-                if override["side_effect"] == SideEffect.ATOMIC:
+                if not meaning(override["side_effect"]).for_mcp:
                     raise ConfigurationError(
                         f"MCP server {self.name}, tool {tool_name}: an MCP tool cannot be atomic "
                         "(it does not write through this database's transaction)"
@@ -193,10 +196,17 @@ class MCPServer:
 def classify(
     annotations: Mapping[str, Any], trusted: bool, destructive_needs_approval: bool = True
 ) -> tuple[SideEffect, bool]:
-    """(side-effect class, needs approval) of a tool from its MCP annotations: only a
-    trusted server's hints count (MCP: clients never decide on an untrusted server's)."""
+    """(side-effect class, needs approval) of a tool from its MCP annotations.
+
+    Only a trusted server's hints count: "clients MUST consider tool annotations to be
+    untrusted unless they come from trusted servers" (MCP, Tools, "Tool annotations":
+    https://modelcontextprotocol.io/specification/2025-11-25/server/tools), and their
+    defaults are the worst case (readOnlyHint false, destructiveHint true, idempotentHint
+    false). So an untrusted server's tool is what an unannotated one is at worst: a write
+    that may destroy and may not be repeated, non_idempotent, waiting for a person, unless
+    the host says otherwise for that tool (MCPServer tools={...})."""
     if not trusted:
-        return SideEffect.NON_IDEMPOTENT, False
+        return SideEffect.NON_IDEMPOTENT, True
     if annotations.get("readOnlyHint"):
         return SideEffect.READ_ONLY, False
     # MCP's default for destructiveHint (of a tool that is not read-only) is true: a write

@@ -21,40 +21,40 @@ from ..content import ToolResult
 from ..exceptions import InvalidContent, ToolError
 from ..failpoints import failpoint
 from ..media import IMAGE_TYPES
-from ..states import SideEffect
+from ..side_effects import meaning
 from ..tools import Reconciliation, Tool, ToolArgumentsError, ToolContext, canonical_json
 from . import connections
 from .servers import MCPServer
 
-# The key of the idempotency key in a tools/call request's `_meta`.
-META_KEY = "idempotency_key"
+# The key of the idempotency key in a tools/call request's `_meta`: a custom key takes a
+# prefix, "implementations SHOULD use reverse DNS notation (e.g., com.example/)", and a
+# prefix whose second label is modelcontextprotocol or mcp is MCP's own (MCP, Basic,
+# "_meta": https://modelcontextprotocol.io/specification/2025-11-25/basic#meta).
+META_KEY = "io.github.django-agentrun/idempotency-key"
 
 
 class MCPTool(Tool):
     """A tool of an MCP server, as a run's snapshot recorded it (see the module)."""
 
     def __init__(self, server: MCPServer, record: Mapping[str, Any], run: Any = None) -> None:
-        # Not Tool.__init__: there is no Python function, the input schema is the server's.
         definition = record["definition"]
         override = server.tools.get(definition["name"], {})
-        self.func = None  # type: ignore[assignment]
+        approval = override.get("requires_approval")
+        timeout = override.get("approval_timeout")
+        super().__init__(
+            name=definition["name"],
+            description=definition.get("description") or "",
+            side_effect=record["side_effect"],
+            reconcile=override.get("reconcile"),
+            requires_approval=approval if callable(approval) else record["requires_approval"],
+            approval_timeout=timeout if isinstance(timeout, timedelta) else None,
+        )
         self.server = server
         self.record = record
         self.remote = record["remote"]
         self.run = run  # whose owner's headers an HTTP server gets
-        self.name = definition["name"]
-        self.description = definition.get("description") or ""
+        # The input schema is the server's (JSON Schema), not a Python signature's.
         self._schema = definition.get("input_schema") or {"type": "object"}
-        self.side_effect = SideEffect(record["side_effect"])
-        self.side_effect_declared = True
-        self.reconcile = override.get("reconcile")
-        self.reconcile_takes_ctx = True
-        approval = override.get("requires_approval")
-        self.requires_approval = approval if callable(approval) else record["requires_approval"]
-        timeout = override.get("approval_timeout")
-        self.approval_timeout = timeout if isinstance(timeout, timedelta) else None
-        self.takes_ctx = True
-        self.input_model = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
         return f"<MCPTool {self.name} ({self.server.name}:{self.remote}, {self.side_effect})>"
@@ -103,7 +103,7 @@ class MCPTool(Tool):
             abort=ctx.abort,
             on_progress=progress,
             # Safe to make again: a timeout is the model's to handle, not a person's.
-            timeout_is_an_answer=self.side_effect != SideEffect.NON_IDEMPOTENT,
+            timeout_is_an_answer=meaning(self.side_effect).timeout_is_an_answer,
         )
         content = result_content(result)
         if result.get("isError"):
@@ -112,10 +112,7 @@ class MCPTool(Tool):
 
     def invoke_reconcile(self, ctx: ToolContext, arguments: dict[str, Any]) -> Reconciliation:
         assert self.reconcile is not None
-        found = self.reconcile(ctx, **arguments)
-        if not isinstance(found, Reconciliation):
-            raise ToolError(f"Reconcile check of {self.name} must return a Reconciliation")
-        return found
+        return self._checked(self.reconcile(ctx, **arguments), self.name)
 
 
 def _progress(ctx: ToolContext, run: Any) -> Callable[[float, float | None, str | None], None]:

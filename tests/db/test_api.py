@@ -315,7 +315,7 @@ def test_detail__turns_tool_calls_and_pending_decision_with_token(
         response = client.get(run_url(run))
     assert response.status_code == 200
     body = response.data
-    assert body["state"] == "awaiting_approval" and body["model"] == "claude-sonnet-4-5"
+    assert body["state"] == "awaiting_approval" and body["model"] == "claude-sonnet-4-6"
     assert set(body["usage"]) == {
         "input_tokens",
         "output_tokens",

@@ -131,7 +131,7 @@ def test_create__a_conversation_with_its_snapshot_policy_and_status(alice):
         "idle",
         [],
     )
-    assert body["metadata"] == {"ticket": 7} and body["model"] == "claude-sonnet-4-5"
+    assert body["metadata"] == {"ticket": 7} and body["model"] == "claude-sonnet-4-6"
     assert "config" not in body  # the system prompt and tools stay server-side
     assert Conversation.objects.get(pk=body["id"]).config["system"] == "You are a chat agent."
 

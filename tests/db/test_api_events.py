@@ -25,6 +25,7 @@ from django_agentrun.events import (
 from django_agentrun.models import Run, RunEvent, ToolCall
 from django_agentrun.recovery import reap
 from django_agentrun.testing import ScriptedClient, reply, text, tool_use
+from django_agentrun.testing.scripted import error
 from tests import factories
 from tests.conftest import drive
 from tests.factories import crashed_at
@@ -144,7 +145,7 @@ def owner(db) -> User:
 
 
 @pytest.fixture
-def history(owner, monkeypatch, tmp_path) -> list[Run]:
+def history(owner, monkeypatch, tmp_path, settings) -> list[Run]:
     """Runs of `owner` that between them write every event type."""
     monkeypatch.setenv("AGENTRUN_TEST_LOG", str(tmp_path / "log.jsonl"))
     runs = []
@@ -199,6 +200,15 @@ def history(owner, monkeypatch, tmp_path) -> list[Run]:
     model = ScriptedClient([*same, reply(text("ok"))])
     run = start_run("test-agent", "look", owner=owner)
     crashed_at(monkeypatch, "tool.after_handler", model, run=run)
+    drive(run, model)
+    runs.append(run)
+
+    # The API refused a turn for a rate limit (parked, model_rate_limited), then answered.
+    settings.AGENTRUN_MODEL_RETRY_BASE_SECONDS = 0.001
+    model = ScriptedClient(
+        [error("429 rate_limit_error: slow down", status=429), reply(text("ok"))]
+    )
+    run = start_run("test-agent", "busy", owner=owner)
     drive(run, model)
     runs.append(run)
 

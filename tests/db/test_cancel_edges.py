@@ -113,7 +113,7 @@ def wipe(target: str) -> str:
 
 Agent(
     name="cancel-edges",
-    model="claude-sonnet-4-5",
+    model="claude-sonnet-4-6",
     tools=[charge, charge_plain, look_and_cancel, notify, transfer, wipe],
     max_turns=5,
 )

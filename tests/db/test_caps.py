@@ -25,7 +25,7 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def capped_agent():
-    Agent("one-at-a-time", model="claude-sonnet-4-5", max_concurrent_runs=1)
+    Agent("one-at-a-time", model="claude-sonnet-4-6", max_concurrent_runs=1)
     yield "one-at-a-time"
     unregister_agent("one-at-a-time")
 
@@ -120,7 +120,7 @@ def test_share_key__named_once_when_the_run_is_created(settings):
         calls.append(run.pk)
         return f"tenant:{run.metadata['tenant']}"
 
-    Agent("keyed", model="claude-sonnet-4-5", fair_share_key=key)
+    Agent("keyed", model="claude-sonnet-4-6", fair_share_key=key)
     try:
         ann = factories.user("ann")
         run = start_run("keyed", "hi", owner=ann, metadata={"tenant": "acme"})

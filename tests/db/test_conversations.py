@@ -111,7 +111,7 @@ def test_follow_up__history_is_the_earlier_transcripts_then_the_input_and_contex
     # Each assistant message records the model that produced it (the agent's: the stand-in
     # answers as the model asked for).
     models = set(Run.objects.values_list("turns__model", flat=True))
-    assert models == {conversation.config["model"]} == {"claude-sonnet-4-5"}
+    assert models == {conversation.config["model"]} == {"claude-sonnet-4-6"}
 
 
 def drive_to_rest(run: Run, client) -> Run:

@@ -341,16 +341,19 @@ def test_stop_reason__without_tools_completes(stop):
     assert outcomes == [Outcome.FINISHED]
     assert run.state == "completed"
     assert run.stop_reason == stop
-    assert run.output["text"] == f"answer ({stop})"
+    # A refused answer's partial output is discarded (the output is the refusal).
+    assert run.output["text"] == ("" if stop == "refusal" else f"answer ({stop})")
     assert run.turns.get().stop_reason == stop
     assert len(client.requests) == 1
     assert_projection_matches(run)
 
 
 def test_stop_reason__pause_turn_continues_with_the_paused_content():
-    paused = [text("Searching the web...")]
+    # A paused turn leaves its server tool use open: sent back last, it is no prefill.
+    search = {"type": "server_tool_use", "id": "srvtoolu_paused", "name": "web_search"}
+    paused = [text("Searching the web..."), {**search, "input": {"query": "otters"}}]
     run, client, outcomes = run_with(
-        [reply(*paused, stop_reason="pause_turn"), reply(text("Found it."))]
+        [reply(*paused, stop_reason="pause_turn"), reply(text("Found it."))], agent="researcher"
     )
     assert outcomes == [Outcome.FINISHED]  # one task goes on with the next turn itself
     assert run.state == "completed" and run.stop_reason == "end_turn"

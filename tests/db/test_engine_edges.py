@@ -91,7 +91,7 @@ def notify_once(ctx: ToolContext, to: str) -> str:
 
 Agent(
     name="edges",
-    model="claude-sonnet-4-5",
+    model="claude-sonnet-4-6",
     tools=[finish_late, stopped_by_watchdog, wire, notify_once],
     max_turns=5,
 )
@@ -293,7 +293,7 @@ def echo_bytes() -> dict:
     return {"listing": LONE}
 
 
-Agent(name="edges-bytes", model="claude-sonnet-4-5", tools=[echo_bytes])
+Agent(name="edges-bytes", model="claude-sonnet-4-6", tools=[echo_bytes])
 
 
 def _stopped_inside() -> RuntimeError:
@@ -337,7 +337,7 @@ def stopped_while_charging() -> dict:
     raise _stopped_inside()
 
 
-Agent(name="edges-stopped", model="claude-sonnet-4-5", tools=[stopped_while_charging])
+Agent(name="edges-stopped", model="claude-sonnet-4-6", tools=[stopped_while_charging])
 
 
 def test_tool_call__a_process_being_stopped_is_no_error_of_the_tool():

@@ -139,8 +139,8 @@ def test_fair_share_key__the_agent_names_it_before_the_host_and_the_owner(settin
 
     ann = factories.user("ann")
     tenants = {"tenant": "acme"}
-    Agent("by-tenant", model="claude-sonnet-4-5", fair_share_key=lambda run: run.metadata["tenant"])
-    Agent("by-nothing", model="claude-sonnet-4-5", fair_share_key=lambda run: run.metadata["x"])
+    Agent("by-tenant", model="claude-sonnet-4-6", fair_share_key=lambda run: run.metadata["tenant"])
+    Agent("by-nothing", model="claude-sonnet-4-6", fair_share_key=lambda run: run.metadata["x"])
     with pytest.raises(ConfigurationError, match="fair_share_key must be a callable"):
         Agent("bad", fair_share_key="acme", register=False)
     try:

@@ -137,7 +137,7 @@ def test_budget__cache_read_tokens_count_toward_their_own_limit(messages_api, cl
 
 
 def test_budget__cache_creation_tokens_count_toward_the_cost(messages_api, client):
-    # claude-sonnet-4-5: cache write $3.75/M. 10k cache-creation tokens a turn = $0.0375.
+    # claude-sonnet-4-6: cache write $3.75/M. 10k cache-creation tokens a turn = $0.0375.
     messages_api.script = lambda body: Reply(
         [tool_use("lookup", {"query": "x"})],
         usage={"input_tokens": 10, "output_tokens": 5, "cache_creation_input_tokens": 10_000},

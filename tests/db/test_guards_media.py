@@ -101,7 +101,7 @@ def test_estimate__images_inside_tool_results_and_content_documents():
 
 Agent(
     name="media-budget",
-    model="claude-sonnet-4-5",
+    model="claude-sonnet-4-6",
     max_tokens=500,
     budget=Budget(max_input_tokens=20_000),
 )
@@ -138,7 +138,7 @@ def big_chart() -> ToolResult:
 
 Agent(
     name="chart-budget",
-    model="claude-sonnet-4-5",
+    model="claude-sonnet-4-6",
     max_tokens=500,
     tools=[big_chart],
     budget=Budget(max_input_tokens=4_000),

@@ -16,9 +16,9 @@ from tests.testapp.agents import lookup
 # any Postgres driver and binding (the store's statements run in the other modules).
 pytestmark = pytest.mark.one_driver
 
-Agent(name="repeat-window-4", model="claude-sonnet-4-5", tools=[lookup], repeat_window=4)
-Agent(name="repeat-window-5", model="claude-sonnet-4-5", tools=[lookup], repeat_window=5)
-Agent(name="repeat-default", model="claude-sonnet-4-5", tools=[lookup])
+Agent(name="repeat-window-4", model="claude-sonnet-4-6", tools=[lookup], repeat_window=4)
+Agent(name="repeat-window-5", model="claude-sonnet-4-6", tools=[lookup], repeat_window=5)
+Agent(name="repeat-default", model="claude-sonnet-4-6", tools=[lookup])
 
 
 def test_repeated__counts_within_the_window_itself_included():

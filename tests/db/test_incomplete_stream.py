@@ -65,7 +65,7 @@ def test_client__a_body_ended_before_message_stop_is_a_retryable_error(client_fo
     # SDK's snapshot holds {"query": "ord"}-like partial arguments and no stop reason.
     with MessagesAPIServer(cut_first(tool_then_text, end_after=7, cuts=9)) as api:
         request = ModelRequest(
-            model="claude-sonnet-4-5", messages=[{"role": "user", "content": "x"}], max_tokens=100
+            model="claude-sonnet-4-6", messages=[{"role": "user", "content": "x"}], max_tokens=100
         )
         with pytest.raises(ModelError) as caught:
             client_for(api).create(request, abort=AbortSignal())

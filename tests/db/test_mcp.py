@@ -46,16 +46,78 @@ def test_snapshot__classes_from_a_trusted_servers_annotations():
     assert run.config["cache_ttl"] == "1h"
 
 
-def test_snapshot__untrusted_server__filtered_renamed_non_idempotent():
+def test_snapshot__untrusted_server__filtered_renamed_non_idempotent_asked_first():
     run = start_run("mcp-untrusted", "Hi")
     assert set(run.config["mcp_tools"]) == {"shop_stock", "refund", "chart", "broken"}
-    assert set(run.config["side_effects"].values()) == {"non_idempotent"}
+    effects = run.config["side_effects"]
+    assert {effects[n] for n in ("refund", "chart", "broken")} == {"non_idempotent"}
     assert run.config["mcp_tools"]["shop_stock"]["remote"] == "stock"
-    assert not any(r["requires_approval"] for r in run.config["mcp_tools"].values())
+    # The spec's worst case: each tool waits for a person, but for the one the host vouches
+    # for (tools={"shop_stock": ...}: read_only, nobody asked).
+    approval = {n: r["requires_approval"] for n, r in run.config["mcp_tools"].items()}
+    assert approval == {"shop_stock": False, "refund": True, "chart": True, "broken": True}
+    assert effects["shop_stock"] == "read_only"
+
+
+# The MCP matrix's classes (docs/how-to/mcp.md, "Classes and approval"): only a trusted
+# server's annotations count; otherwise MCP's defaults, the worst case.
+ANNOTATED = {
+    "stock": ("read_only", False),
+    "set_flag": ("idempotent_write", False),
+    "refund": ("non_idempotent", True),
+}
+WORST = dict.fromkeys(ANNOTATED, ("non_idempotent", True))
+
+
+@pytest.mark.parametrize("protocol", ["legacy", "modern"])
+@pytest.mark.parametrize(
+    ("agent", "annotated", "expected"),
+    [
+        ("mcp-shop", "1", ANNOTATED),
+        ("mcp-shop", "0", WORST),
+        ("mcp-stranger", "1", WORST),
+        ("mcp-stranger", "0", WORST),
+    ],
+    ids=["trusted-annotated", "trusted-bare", "untrusted-annotated", "untrusted-bare"],
+)
+def test_matrix__class_and_approval(protocol, agent, annotated, expected, monkeypatch):
+    """A server speaking only the 2026-07-28 protocol (no initialize, no ping) or only the
+    earlier handshake, trusted or not, its tools annotated or not."""
+    monkeypatch.setenv("AGENTRUN_TEST_MCP_PROTOCOL", protocol)
+    monkeypatch.setenv("AGENTRUN_TEST_MCP_ANNOTATIONS", annotated)
+    run = start_run(agent, "Hi")
+    got = {
+        name: (run.config["side_effects"][name], run.config["mcp_tools"][name]["requires_approval"])
+        for name in expected
+    }
+    assert got == expected
+    if agent == "mcp-shop" and annotated == "1":  # and a call goes through, in that protocol
+        client = ScriptedClient(
+            [reply(tool_use("stock", {"item": "hat"}, id="toolu_s")), reply(text("3."))]
+        )
+        assert drive_last(run, client) == Outcome.FINISHED
+        assert run.tool_calls.get().state == "succeeded"
+        assert len(calls("stock")) == 1
+
+
+def test_output_schema_mismatch__an_error_result_naming_it__not_an_unknown_outcome():
+    client = ScriptedClient(
+        [reply(tool_use("miscount", {"item": "hat"}, id="toolu_m")), reply(text("Hm."))]
+    )
+    run = start_run("mcp-crash", "Count hats")
+    assert drive_last(run, client) == Outcome.FINISHED
+    call = run.tool_calls.get()
+    assert call.state == "errored" and call.is_error and call.result_source == "executed"
+    assert "does not follow its output schema" in str(call.result)
+    assert "'many' is not of type 'integer'" in str(call.result)
+    assert len(calls("miscount")) == 1  # it ran, once: nobody runs it again
+    sent = client.requests[1].messages[-1]["content"][0]
+    assert sent["type"] == "tool_result" and sent["is_error"] is True
 
 
 def test_classify__hints_count_only_when_trusted():
-    assert classify({"readOnlyHint": True}, False) == (SideEffect.NON_IDEMPOTENT, False)
+    assert classify({"readOnlyHint": True}, False) == (SideEffect.NON_IDEMPOTENT, True)
+    assert classify({}, False) == (SideEffect.NON_IDEMPOTENT, True)
     assert classify({"readOnlyHint": True}, True) == (SideEffect.READ_ONLY, False)
     # MCP's default: a write not marked destructiveHint: false may destroy.
     assert classify({"idempotentHint": True}, True) == (SideEffect.IDEMPOTENT_WRITE, True)

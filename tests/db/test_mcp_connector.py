@@ -1,7 +1,8 @@
 """The Messages API's own MCP connector (servertools.MCPConnector): a server tool whose
 `mcp_tool_use` / `mcp_tool_result` blocks are recorded as returned and sent back unchanged,
 never executed here; through the engine, the real `anthropic` SDK and the stand-in (which
-checks the connector's request rules: mcp_servers, mcp_toolset, the beta header)."""
+checks the connector's request rules: mcp_servers, mcp_toolset, the beta header, and plays
+its tool listing: the answer's `mcp_tool_listing` block, which later requests reuse)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ from collections.abc import Iterator
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.urls import reverse
 
-from django_agentrun import Agent, start_run
+from django_agentrun import Agent, send_message, start_conversation, start_run
 from django_agentrun.agents import unregister_agent
 from django_agentrun.clients.anthropic import AnthropicModelClient
 from django_agentrun.exceptions import ConfigurationError
-from django_agentrun.servertools import MCPConnector
+from django_agentrun.servertools import MCPConnector, server_tool_uses
 from django_agentrun.testing.messages_api import (
     APIRequestError,
     MessagesAPIServer,
@@ -48,7 +50,7 @@ def client(api: MessagesAPIServer) -> Iterator[AnthropicModelClient]:
 def docs_agent() -> Iterator[Agent]:
     agent = Agent(
         "mcp-connector",
-        model="claude-sonnet-4-5",
+        model="claude-sonnet-4-6",
         tools=[lookup],
         server_tools=[
             MCPConnector(
@@ -97,11 +99,85 @@ def test_connector__blocks_recorded_and_sent_back__never_executed(api, client, d
     returned = run.turns.get(index=0).content
     assert [b["type"] for b in sent] == ["text", "mcp_tool_use", "mcp_tool_result", "tool_use"]
     assert sent[1:3] == returned[1:3]
+    # Counted with the server tools' uses (the API's responses list them).
+    uses = server_tool_uses(returned)
+    assert [(u["name"], u["server_name"], u["result_type"]) for u in uses] == [
+        ("search", "docs", "mcp_tool_result")
+    ]
+
+
+def listed(*names: str) -> list[dict]:
+    return [
+        {"name": n, "description": f"{n} the docs", "input_schema": {"type": "object"}}
+        for n in names
+    ]
+
+
+def test_connector__its_tool_list_kept_with_the_conversation(api, client, docs_agent, admin_client):
+    api.mcp_listings = {"docs": listed("search", "fetch")}
+    api.script = by_step(
+        [Reply(list(mcp_tool("docs", "search", {"q": "x"}, "found")) + [text("X.")])]
+    )
+    conversation = start_conversation(docs_agent, owner=get_user_model().objects.create_user("a"))
+    first = send_message(conversation, "Find x.")
+    drive(first, client)
+    assert first.state == "completed", (first.error_code, api.script_errors)
+    # The API listed the server's tools while answering: kept with the turn.
+    content = first.turns.get(index=0).content
+    assert content[0] == {
+        "type": "mcp_tool_listing",
+        "mcp_server_name": "docs",
+        "tools": listed("search", "fetch"),
+    }
+    page = admin_client.get(reverse("admin:agentrun_run_change", args=[first.pk])).text
+    assert "tools of docs, as the API listed them: search, fetch" in page
+    # The server changes. The conversation goes on with the listing it was given: the
+    # block is sent back, so the API does not ask the server again (and the model is not
+    # offered `delete`); a new conversation sees the server as it is now.
+    api.mcp_listings = {"docs": listed("search", "fetch", "delete")}
+    api.script = lambda body: Reply(list(mcp_tool("docs", "delete", {"id": 1}, "gone")))
+    second = send_message(conversation, "Delete it.")
+    drive(second, client)
+    sent = api.requests[-1]["body"]["messages"][1]["content"]
+    assert sent[0]["type"] == "mcp_tool_listing" and len(sent[0]["tools"]) == 2
+    assert second.state == "failed"
+    assert "not in the listing the request uses (search, fetch)" in str(api.script_errors[-1])
+    api.script = by_step(
+        [Reply(list(mcp_tool("docs", "delete", {"id": 1}, "gone")) + [text("Deleted.")])]
+    )
+    fresh = start_run(docs_agent, "Delete it.", owner=get_user_model().objects.create_user("b"))
+    drive(fresh, client)
+    assert fresh.state == "completed", (fresh.error_code, api.script_errors)
+    assert [t["name"] for t in fresh.turns.get(index=0).content[0]["tools"]] == [
+        "search",
+        "fetch",
+        "delete",
+    ]
+
+
+def test_stand_in__the_model_calls_only_what_the_toolset_offers():
+    from django_agentrun.testing.messages_api.mcp_connector import UnofferedMCPTool, answered
+
+    toolset = {"type": "mcp_toolset", "mcp_server_name": "docs"}
+    body = {"tools": [toolset], "messages": [{"role": "user", "content": "hi"}]}
+    use = Reply(list(mcp_tool("docs", "fetch", {}, "ok")))
+    # The toolset's own configuration (the connector page's allowlist).
+    allow = {
+        **toolset,
+        "default_config": {"enabled": False},
+        "configs": {"search": {"enabled": True}},
+    }
+    with pytest.raises(UnofferedMCPTool, match="disables"):
+        answered({**body, "tools": [allow]}, use, None)
+    # A pinned listing (the toolset's `tools`) is used as given: nothing is fetched.
+    pinned = {**toolset, "tools": listed("fetch")}
+    got = answered({**body, "tools": [pinned]}, use, {"docs": listed("search")})
+    assert [b["type"] for b in got.blocks()] == ["mcp_tool_use", "mcp_tool_result"]
 
 
 def test_stand_in__refuses_what_the_api_refuses():
     body = {
-        "model": "claude-sonnet-4-5",
+        "model": "claude-sonnet-4-6",
         "max_tokens": 10,
         "messages": [{"role": "user", "content": "hi"}],
         "mcp_servers": [{"type": "url", "url": "https://x.example/mcp", "name": "x"}],

@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.timeout(30), pytest.mark.one_driver]
 
 def ask(base_url: str, messages: list[dict]) -> anthropic.types.Message:
     with anthropic.Anthropic(base_url=base_url, api_key="any", max_retries=0, timeout=5) as client:
-        return client.messages.create(model="claude-sonnet-4-5", max_tokens=64, messages=messages)
+        return client.messages.create(model="claude-sonnet-4-6", max_tokens=64, messages=messages)
 
 
 def body(assistant_turns: int = 0) -> dict:

@@ -31,7 +31,7 @@ from tests.factories import ELSEWHERE, by_message, expire
 pytestmark = [pytest.mark.django_db, pytest.mark.one_driver]
 
 CURRENT = "claude-sonnet-5-5"  # a current model: adaptive thinking, effort, format
-LEGACY = "claude-sonnet-4-5"  # no effort, no adaptive thinking
+LEGACY = "claude-haiku-4-5"  # no effort, no adaptive thinking
 
 
 class Answer(pydantic.BaseModel):
@@ -405,6 +405,8 @@ def test_refusal__category_and_the_model_that_answered(messages_api, claude, age
         "model": CURRENT,
         "category": "cyber",
         "explanation": "Exploit development.",
+        "billed": True,  # mid-stream: it had streamed text
+        "left_out_of_history": True,
     }
     assert run.parsed_output is None  # a refusal is no structured answer, and no failure
     assert run.turns.get().model == CURRENT

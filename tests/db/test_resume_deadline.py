@@ -21,7 +21,7 @@ def noop() -> str:
     return "ok"
 
 
-Agent(name="limited", model="claude-sonnet-4-5", tools=[noop], deadline=timedelta(minutes=10))
+Agent(name="limited", model="claude-sonnet-4-6", tools=[noop], deadline=timedelta(minutes=10))
 
 
 def _timed_out(run: Run) -> Run:

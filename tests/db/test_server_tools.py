@@ -52,7 +52,7 @@ def agent() -> Iterator[Any]:
 
     def define(name: str, **options: Any) -> Agent:
         names.append(name)
-        return Agent(name, model="claude-sonnet-4-5", **options)
+        return Agent(name, model="claude-haiku-4-5", **options)
 
     yield define
     for name in names:
@@ -257,7 +257,7 @@ def test_deferred_tools_with_tool_search(api, client, agent):
 )
 def test_agent_configuration_is_refused_clearly(options, message):
     with pytest.raises(ConfigurationError) as raised:
-        Agent("bad", model="claude-sonnet-4-5", tools=[lookup], register=False, **options)
+        Agent("bad", model="claude-haiku-4-5", tools=[lookup], register=False, **options)
     assert message in str(raised.value)
 
 
@@ -315,7 +315,7 @@ def test_a_server_tool_the_model_refuses_fails_at_start_run_naming_both(agent):
     agent("old-searcher", server_tools=[server_tool("web_search_20260209")])
     with pytest.raises(InvalidOption) as raised:
         start_run("old-searcher", "hi")
-    assert "claude-sonnet-4-5 does not accept the server tool web_search_20260209" in str(
+    assert "claude-haiku-4-5 does not accept the server tool web_search_20260209" in str(
         raised.value
     )
     assert not Run.objects.exists()

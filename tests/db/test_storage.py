@@ -44,7 +44,7 @@ def not_a_number() -> list:
 
 Agent(
     name="storage-agent",
-    model="claude-sonnet-4-5",
+    model="claude-sonnet-4-6",
     tools=[binary_output, not_a_number],
     max_turns=5,
 )

@@ -34,7 +34,7 @@ from django_agentrun.testing.messages_api import (
 pytestmark = pytest.mark.timeout(10)
 
 API_KEY = "sk-ant-test-0123456789"
-MODEL = "claude-sonnet-4-5"
+MODEL = "claude-sonnet-4-6"
 TOOLS = [
     {
         "name": "search",
@@ -296,7 +296,7 @@ def test_cache_ttl_and_the_breakpoint_limit(
         content = [
             {"type": "text", "text": f"part {i}", "cache_control": {"type": "ephemeral"}}
             for i in range(given)
-        ]
+        ] + [{"type": "text", "text": "the question"}]  # the last block unmarked (below)
         req = request(
             tools=copy.deepcopy(TOOLS),
             system=copy.deepcopy(SYSTEM),
@@ -307,6 +307,11 @@ def test_cache_ttl_and_the_breakpoint_limit(
         assert cache_controls(sent) == 4
         assert "cache_control" in sent  # the moving breakpoint is the last one dropped
         assert ("cache_control" in sent["system"][-1]) == (given == 1)
+    # The input's last block marked by the host: automatic caching would land on it (a
+    # no-op, or a 400 with another TTL), so there is no top-level marker.
+    content = [{"type": "text", "text": "marked", "cache_control": {"type": "ephemeral"}}]
+    call(client, request(messages=[{"role": "user", "content": content}]))
+    assert "cache_control" not in api.last_request["body"]
 
 
 def test_no_cache_control_without_cache_prefix(

@@ -45,7 +45,7 @@ def api() -> Iterator[MessagesAPIServer]:
 
 def body(**overrides: Any) -> dict[str, Any]:
     data: dict[str, Any] = {
-        "model": "claude-sonnet-4-5",
+        "model": "claude-haiku-4-5",
         "max_tokens": 64,
         "messages": [{"role": "user", "content": "Hi"}],
     }
@@ -127,7 +127,7 @@ def test_json_message_has_the_real_shape(api: MessagesAPIServer) -> None:
     assert (message["type"], message["role"], message["model"]) == (
         "message",
         "assistant",
-        "claude-sonnet-4-5",
+        "claude-haiku-4-5",
     )
     assert message["content"] == [{"type": "text", "text": "Hello there."}]
     assert (message["stop_reason"], message["stop_sequence"]) == ("end_turn", None)

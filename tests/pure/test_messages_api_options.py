@@ -108,8 +108,8 @@ def test_option__bad_shape_refused(sdk, params, says):
 @pytest.mark.parametrize(
     ("model", "params", "says"),
     [
-        ("claude-sonnet-4-5", {"output_config": {"effort": "high"}}, "output_config.effort"),
-        ("claude-sonnet-4-5", {"thinking": {"type": "adaptive"}}, "thinking.type 'adaptive'"),
+        ("claude-haiku-4-5", {"output_config": {"effort": "high"}}, "output_config.effort"),
+        ("claude-haiku-4-5", {"thinking": {"type": "adaptive"}}, "thinking.type 'adaptive'"),
         ("claude-opus-5-5", {"thinking": {"type": "disabled"}}, "thinking.type 'disabled'"),
         (
             CURRENT,
@@ -126,21 +126,37 @@ def test_option__the_requested_model_refuses(sdk, model, params, says):
     assert model in message and says in message
 
 
-def test_thinking__with_a_forced_tool_choice_refused(sdk):
+def test_thinking__manual_with_a_forced_tool_choice_refused(sdk):
     message = refused(
         sdk,
-        model="claude-opus-4-6",
-        thinking={"type": "adaptive"},
+        model="claude-haiku-4-5",
+        max_tokens=4000,
+        thinking={"type": "enabled", "budget_tokens": 2000},
         tools=[{"name": "t", "input_schema": {"type": "object"}}],
         tool_choice={"type": "tool", "name": "t"},
     )
     assert "Thinking may not be enabled when tool_choice forces tool use" in message
 
 
+def test_thinking__adaptive_with_a_forced_tool_choice_accepted(api, sdk):
+    """Only manual thinking refuses forced tool use: "Adaptive thinking, including on models
+    where thinking is on by default, supports forced tool use" (the thinking page)."""
+    api.script = lambda body: Reply([{"type": "tool_use", "name": "t", "input": {}}])
+    answer = sdk.messages.create(
+        model="claude-opus-4-6",
+        max_tokens=64,
+        messages=[{"role": "user", "content": "Use t."}],
+        thinking={"type": "adaptive"},
+        tools=[{"name": "t", "input_schema": {"type": "object"}}],
+        tool_choice={"type": "tool", "name": "t"},
+    )
+    assert answer.stop_reason == "tool_use"
+
+
 def test_thinking__a_budget_below_max_tokens(sdk):
     message = refused(
         sdk,
-        model="claude-sonnet-4-5",
+        model="claude-sonnet-4-6",
         max_tokens=2000,
         thinking={"type": "enabled", "budget_tokens": 4000},
     )
@@ -243,7 +259,7 @@ def test_stand_in__imports_without_django_settings():
         "import sys; from django_agentrun.testing.messages_api import validate_request, "
         "APIRequestError\n"
         "try:\n"
-        "    validate_request({'model': 'claude-sonnet-4-5', 'max_tokens': 5, 'messages': "
+        "    validate_request({'model': 'claude-haiku-4-5', 'max_tokens': 5, 'messages': "
         "[{'role': 'user', 'content': 'x'}], 'output_config': {'effort': 'low'}})\n"
         "except APIRequestError as e: print(e.message)\n"
         "print('django' in sys.modules and 'settings-configured'"
@@ -252,4 +268,4 @@ def test_stand_in__imports_without_django_settings():
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, env={}
     ).stdout
-    assert "claude-sonnet-4-5 does not accept output_config.effort" in out
+    assert "claude-haiku-4-5 does not accept output_config.effort" in out

@@ -31,7 +31,7 @@ OWN = {"name": "lookup", "description": "Look up.", "input_schema": {"type": "ob
 
 def body(messages: list[dict[str, Any]], **overrides: Any) -> dict[str, Any]:
     return {
-        "model": "claude-sonnet-4-5",
+        "model": "claude-sonnet-4-6",
         "max_tokens": 64,
         "tools": [OWN, WEB_SEARCH],
         "messages": messages,

@@ -29,7 +29,7 @@ SYSTEM = [{"type": "text", "text": "You are terse."}]
 
 def request(messages: list[dict[str, Any]], **overrides: Any) -> dict[str, Any]:
     return {
-        "model": "claude-sonnet-4-5",
+        "model": "claude-fable-5-1",
         "max_tokens": 64,
         "system": SYSTEM,
         "tools": TOOLS,
@@ -89,8 +89,22 @@ def test_thinking__under_another_system_prompt_or_tools_is_refused(change, where
     body = request(history(ANSWER), **change)
     if change.get("tools") == []:
         body.pop("tools")
-        body["messages"] = history(ANSWER)[:2]  # no tool blocks without tools
+        # No tool results without tools (the block's check comes first).
+        body["messages"] = [*history(ANSWER)[:2], {"role": "user", "content": "And?"}]
     assert refusal(body) == f"messages.1.content.0: Invalid `{where}` in `thinking` block. {BOUND}"
+
+
+def test_thinking__without_the_prefix_check_only_the_block_itself_is_checked():
+    """Models before the preserved-thinking ones (Opus / Sonnet / Haiku 4.x) take a block
+    back whatever came before it, but not a changed block nor another model's (issue #36;
+    preserved thinking: "Starting with Claude Fable 5.1")."""
+    first = {**FIRST, "model": "claude-haiku-4-5"}
+    answer = sign(first, [{"type": "thinking", "thinking": "Search."}, ANSWER[2]])
+    other_system = request(history(answer), model="claude-haiku-4-5", system="Be verbose.")
+    validate_request(other_system)  # a changed prefix: accepted
+    changed = [{**answer[0], "thinking": "Do not."}, answer[1]]
+    assert "Invalid `signature`" in refusal(request(history(changed), model="claude-haiku-4-5"))
+    assert "Invalid `signature`" in refusal(request(history(answer), model="claude-opus-4-8"))
 
 
 def test_thinking__a_changed_block_is_refused():
@@ -142,7 +156,7 @@ def test_sdk__a_streamed_thinking_block_goes_back_and_a_changed_prompt_gets_the_
 ):
     asked = [{"role": "user", "content": "Otters?"}]
     with client.messages.stream(
-        model="claude-sonnet-4-5", max_tokens=64, system="A", messages=asked
+        model="claude-fable-5-1", max_tokens=64, system="A", messages=asked
     ) as stream:
         message = stream.get_final_message()
     thought = message.content[0].model_dump(exclude_none=True)
@@ -152,9 +166,9 @@ def test_sdk__a_streamed_thinking_block_goes_back_and_a_changed_prompt_gets_the_
         {"role": "assistant", "content": [thought]},
         {"role": "user", "content": "More?"},
     ]
-    client.messages.create(model="claude-sonnet-4-5", max_tokens=64, system="A", messages=again)
+    client.messages.create(model="claude-fable-5-1", max_tokens=64, system="A", messages=again)
     with pytest.raises(anthropic.BadRequestError) as refused:
-        client.messages.create(model="claude-sonnet-4-5", max_tokens=64, system="B", messages=again)
+        client.messages.create(model="claude-fable-5-1", max_tokens=64, system="B", messages=again)
     body = refused.value.response.json()
     assert body["type"] == "error" and body["request_id"].startswith("req_")
     assert body["error"] == {

@@ -31,7 +31,7 @@ TOOL = {"name": "lookup", "input_schema": {"type": "object"}}
 
 def body(**parts: Any) -> dict[str, Any]:
     return {
-        "model": "claude-sonnet-4-5",
+        "model": "claude-haiku-4-5",
         "max_tokens": 16,
         "messages": [{"role": "user", "content": "Hi."}],
         **parts,
@@ -78,10 +78,10 @@ def test_breakpoints__counted_over_tools_system_messages_and_the_top_level(sdk):
         cache_control=FIVE_M,
     )
     with pytest.raises(anthropic.BadRequestError, match="A maximum of 4 blocks with cache_cont"):
-        sdk.messages.create(model="claude-sonnet-4-5", max_tokens=16, **five)
+        sdk.messages.create(model="claude-haiku-4-5", max_tokens=16, **five)
     four = {**five, "cache_control": None}
     four.pop("cache_control")
-    sdk.messages.create(model="claude-sonnet-4-5", max_tokens=16, **four)
+    sdk.messages.create(model="claude-haiku-4-5", max_tokens=16, **four)
 
 
 def test_breakpoints__a_longer_ttl_after_a_shorter_one_is_refused(sdk):
@@ -91,7 +91,7 @@ def test_breakpoints__a_longer_ttl_after_a_shorter_one_is_refused(sdk):
         messages=[{"role": "user", "content": "Hi."}],
     )
     with pytest.raises(anthropic.BadRequestError, match="ttl '1h' must not come after"):
-        sdk.messages.create(model="claude-sonnet-4-5", max_tokens=16, **wrong)
+        sdk.messages.create(model="claude-haiku-4-5", max_tokens=16, **wrong)
     # The top level (the last block) counts too: 1 hour there after 5 minutes in system.
     late = body(
         system=[{"type": "text", "text": "S.", "cache_control": FIVE_M}], cache_control=ONE_H
@@ -99,7 +99,7 @@ def test_breakpoints__a_longer_ttl_after_a_shorter_one_is_refused(sdk):
     assert "ttl '1h' must not come after" in refusal(late)
     right = {**wrong, "tools": [{**TOOL, "cache_control": ONE_H}]}
     right["system"] = [{"type": "text", "text": "S.", "cache_control": FIVE_M}]
-    sdk.messages.create(model="claude-sonnet-4-5", max_tokens=16, **right)
+    sdk.messages.create(model="claude-haiku-4-5", max_tokens=16, **right)
 
 
 def test_prefill__refused_from_the_4_6_generation_on(sdk):
@@ -107,7 +107,7 @@ def test_prefill__refused_from_the_4_6_generation_on(sdk):
     with pytest.raises(anthropic.BadRequestError, match="does not support assistant message"):
         sdk.messages.create(model="claude-sonnet-5-5", max_tokens=16, messages=prefill)
     assert refusal(body(model="claude-opus-4-6", messages=prefill)) == PREFILL_REFUSED
-    sdk.messages.create(model="claude-sonnet-4-5", max_tokens=16, messages=prefill)
+    sdk.messages.create(model="claude-haiku-4-5", max_tokens=16, messages=prefill)
     assert [accepts_prefill(m) for m in ("claude-haiku-4-5", "claude-sonnet-4-6")] == [True, False]
     # A paused turn sent back last is how it continues, not a prefill.
     paused = {
@@ -123,7 +123,7 @@ def test_prefill__refused_from_the_4_6_generation_on(sdk):
 
 def params(system: Any, tools: list, messages: list, ttl: str = "5m") -> dict[str, Any]:
     request = ModelRequest(
-        model="claude-sonnet-4-5",
+        model="claude-haiku-4-5",
         messages=messages,
         max_tokens=16,
         system=system,
@@ -167,15 +167,17 @@ MARKED_INPUT = [
             "1h",
             ["1h", "1h", "1h"],
         ),
-        # The five: the host's system and input markers take two of the four.
+        # The five: the host's system and input markers take two of the four; the
+        # input's last block is marked already, so automatic caching (a no-op there) is not.
         (
             [{"type": "text", "text": "S.", "cache_control": FIVE_M}],
             [TOOL],
             MARKED_INPUT,
             "1h",
-            ["1h", "5m", "5m", "5m"],
+            ["1h", "5m", "5m"],
         ),
-        # A host's 1 hour marker in the input: the app's 5 minutes cannot come before it.
+        # A host's 1 hour marker on the input's last block: the app's 5 minutes cannot come
+        # before it, and automatic caching's 5 minutes on that block is a 400 (#36).
         (
             [{"type": "text", "text": "S."}],
             [TOOL],
@@ -186,7 +188,7 @@ MARKED_INPUT = [
                 }
             ],
             "5m",
-            ["1h", "5m"],
+            ["1h"],
         ),
         # Four of the host's: none of the app's.
         (

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from django_agentrun import Agent, tool
 from django_agentrun.agents import agent_request_params
 from django_agentrun.catalog import RULES, SHIPPED, refusals
-from django_agentrun.catalog.rules import readme_table, unsourced_values
+from django_agentrun.catalog.rules import BY_KEY, readme_table, unsourced_values
 from django_agentrun.engine.guards import cost_of, next_turn_cost
 from django_agentrun.exceptions import ConfigurationError, InvalidOption, OptionRefused
 from django_agentrun.services.runs import run_config
@@ -315,10 +315,28 @@ def test_rules__each_names_its_sources_or_says_unsourced():
     unsourced = {rule.key for rule in RULES if rule.unsourced}
     assert unsourced == {
         "thinking_x_effort_haiku_5_5",
+        "forced_tool_choice_haiku_5_5",
         "display_x_effort",
         "server_tools",
         "cache_minimum",
     }
+
+
+def test_rules__each_says_what_it_rests_on():
+    """Official pages are Anthropic's own (or its platform's AWS pages); a third-party page
+    is named as such; a rule with neither says UNSOURCED (issue #36)."""
+    official = re.compile(r"https://(platform|docs)\.(claude|anthropic)\.com/|https://docs\.aws\.")
+    for rule in RULES:
+        assert all(official.match(url) for url in rule.sources), rule.key
+        assert not any(official.match(url) for url in rule.third_party), rule.key
+        assert rule.basis == (
+            "official" if rule.sources else "third-party" if rule.third_party else "UNSOURCED"
+        )
+    table = readme_table()
+    deprecated = next(r for r in RULES if r.key == "model_deprecated")
+    assert f"third-party: [{deprecated.third_party[0].split('//')[1].split('/')[0]}]" in table
+    assert BY_KEY["thinking_x_tool_choice"].basis == "official"
+    assert BY_KEY["forced_tool_choice_haiku_5_5"].basis == "UNSOURCED"
 
 
 def test_readme__the_refusals_table_is_generated_from_the_rules():

@@ -135,14 +135,14 @@ ALL_TOOLS = [
 
 Agent(
     name="test-agent",
-    model="claude-sonnet-4-5",
+    model="claude-sonnet-4-6",
     system="You are a test agent.",
     tools=ALL_TOOLS,
     max_turns=10,
 )
 Agent(
     name="tiny-budget",
-    model="claude-sonnet-4-5",
+    model="claude-sonnet-4-6",
     tools=ALL_TOOLS,
     budget=Budget(max_output_tokens=5000),
     max_tokens=2000,
@@ -157,25 +157,25 @@ Agent(
     max_turns=10,
     thinking="adaptive",
 )
-Agent(name="two-turns", model="claude-sonnet-4-5", tools=ALL_TOOLS, max_turns=2)
-Agent(name="capped", model="claude-sonnet-4-5", tools=ALL_TOOLS, max_tool_calls_per_turn=2)
+Agent(name="two-turns", model="claude-sonnet-4-6", tools=ALL_TOOLS, max_turns=2)
+Agent(name="capped", model="claude-sonnet-4-6", tools=ALL_TOOLS, max_tool_calls_per_turn=2)
 Agent(
     name="budgeted",
-    model="claude-sonnet-4-5",
+    model="claude-sonnet-4-6",
     tools=ALL_TOOLS,
     max_tokens=1000,
     budget=Budget(max_output_tokens=2500),
 )
 Agent(
     name="cache-budget",
-    model="claude-sonnet-4-5",
+    model="claude-sonnet-4-6",
     tools=ALL_TOOLS,
     max_tokens=500,
     budget=Budget(max_cache_read_tokens=6000),
 )
 Agent(
     name="cost-budget",
-    model="claude-sonnet-4-5",
+    model="claude-sonnet-4-6",
     tools=ALL_TOOLS,
     max_tokens=500,
     budget=Budget(max_cost_usd=0.05),
@@ -205,7 +205,7 @@ def bump_counter(ctx: ToolContext, name: str) -> int:
 
 Agent(
     name="approvals",
-    model="claude-sonnet-4-5",
+    model="claude-sonnet-4-6",
     tools=[*ALL_TOOLS, refund, bump_counter],
     approval_timeout=timedelta(hours=1),
 )
@@ -245,7 +245,7 @@ def ratio() -> dict:
 
 
 RESULT_TOOLS = [lookup, list_accounts, chart, linked_chart, broken_chart, ratio]
-Agent(name="results", model="claude-sonnet-4-5", tools=RESULT_TOOLS, max_turns=6)
+Agent(name="results", model="claude-sonnet-4-6", tools=RESULT_TOOLS, max_turns=6)
 
 
 # Conversations: a tool that runs the test's hook while it runs (to send a message then).
@@ -264,7 +264,7 @@ def during(ctx: ToolContext, name: str) -> str:
 
 Agent(
     name="chat",
-    model="claude-sonnet-4-5",
+    model="claude-sonnet-4-6",
     system="You are a chat agent.",
     tools=[lookup, delete_account, slow, shell_sleep, during],
     max_turns=6,
@@ -298,7 +298,7 @@ def pay_during(ctx: ToolContext, name: str) -> str:
     return f"paid {name}"
 
 
-Agent(name="late-payments", model="claude-sonnet-4-5", tools=[pay_during], max_turns=4)
+Agent(name="late-payments", model="claude-sonnet-4-6", tools=[pay_during], max_turns=4)
 
 
 def tenant_of(run):
@@ -317,6 +317,9 @@ def _mcp_env() -> dict[str, str]:
         "PYTHONPATH": str(ROOT),
         "AGENTRUN_TEST_MCP_LOG": os.environ.get("AGENTRUN_TEST_MCP_LOG", ""),
         "AGENTRUN_TEST_MCP_VERSION": os.environ.get("AGENTRUN_TEST_MCP_VERSION", "1"),
+        # The protocol it speaks and whether its tools are annotated (mcp_server.py).
+        "AGENTRUN_TEST_MCP_PROTOCOL": os.environ.get("AGENTRUN_TEST_MCP_PROTOCOL", ""),
+        "AGENTRUN_TEST_MCP_ANNOTATIONS": os.environ.get("AGENTRUN_TEST_MCP_ANNOTATIONS", "1"),
     }
 
 
@@ -346,27 +349,28 @@ def _owner_token(owner) -> dict[str, str]:
 
 
 # Refunds need a person (the server marks refund destructive).
-Agent(name="mcp-shop", model="claude-sonnet-4-5", mcp_servers=[shop()], max_turns=6)
+Agent(name="mcp-shop", model="claude-sonnet-4-6", mcp_servers=[shop()], max_turns=6)
 # The crash matrix: refunds without approval, reconciled from the server's own log.
 Agent(
     name="mcp-crash",
-    model="claude-sonnet-4-5",
+    model="claude-sonnet-4-6",
     mcp_servers=[shop(tools={"refund": {"requires_approval": False, "reconcile": _refunded}})],
     max_turns=6,
 )
 # Refunds without approval or a reconcile check: an unknown outcome goes to a person.
 Agent(
     name="mcp-unchecked",
-    model="claude-sonnet-4-5",
+    model="claude-sonnet-4-6",
     mcp_servers=[shop(tools={"refund": {"requires_approval": False}})],
     max_turns=6,
 )
 # Calls answered within half a second, or not at all.
-Agent(name="mcp-impatient", model="claude-sonnet-4-5", mcp_servers=[shop(timeout=0.5)])
-# An untrusted server, filtered and renamed: its tools are all non_idempotent.
+Agent(name="mcp-impatient", model="claude-sonnet-4-6", mcp_servers=[shop(timeout=0.5)])
+# An untrusted server, filtered and renamed: its tools are non_idempotent and wait for a
+# person, but for the one the host vouches for (shop_stock: read-only, nobody asked).
 Agent(
     name="mcp-untrusted",
-    model="claude-sonnet-4-5",
+    model="claude-sonnet-4-6",
     mcp_servers=[
         MCPServer.stdio(
             "shop",
@@ -376,13 +380,16 @@ Agent(
             cwd=str(ROOT),
             include=["stock", "refund", "chart", "broken"],
             rename={"stock": "shop_stock"},
+            tools={"shop_stock": {"side_effect": "read_only", "requires_approval": False}},
         )
     ],
     max_turns=6,
 )
+# An untrusted server as it is (no host settings): every tool non_idempotent, asked first.
+Agent(name="mcp-stranger", model="claude-sonnet-4-6", mcp_servers=[shop(trusted=False)])
 Agent(
     name="mcp-http",
-    model="claude-sonnet-4-5",
+    model="claude-sonnet-4-6",
     mcp_servers=[
         MCPServer.http(
             "shop",

@@ -94,7 +94,7 @@ def child_effect(ctx: ToolContext, seconds: float) -> str:
 
 Agent(
     name="hardening",
-    model="claude-sonnet-4-5",
+    model="claude-sonnet-4-6",
     system="You are a test agent.",
     tools=[slow_read, stubborn, deliver, slow_counter, child_effect],
     max_turns=10,

@@ -18,7 +18,8 @@ import sys
 import pytest
 from django.contrib.auth import get_user_model
 
-from django_agentrun import cancel_run, start_run
+from django_agentrun import approve_tool_call, cancel_run, start_run
+from django_agentrun.mcp import connections
 from django_agentrun.recovery import reap
 from django_agentrun.services import resolve_tool_call
 from django_agentrun.testing.messages_api import Reply, by_step, text, tool_use
@@ -38,7 +39,9 @@ def mcp_log(tmp_path, monkeypatch):
     monkeypatch.setenv("AGENTRUN_TEST_MCP_LOG", str(path))
     # This process only lists the server's tools (with a server of its own, kept across
     # tests): every call is a worker's, on the worker's server.
-    return path
+    yield path
+    if os.environ.get("AGENTRUN_TEST_MCP_PROTOCOL"):  # a server of another kind (speaking)
+        connections.close_all()
 
 
 def finish(run, timeout=60):
@@ -83,11 +86,27 @@ POINTS = {
     "mcp.progress@stock": "executed",
     "tool.after_handler@set_flag": "executed",
 }
+# The MCP matrix (docs/how-to/mcp.md, "The MCP matrix"): a server that speaks only the
+# 2026-07-28 protocol (no initialize, no ping) and one that speaks only the earlier
+# handshake. The refund's points on both; the batch's on the new protocol.
+MATRIX = [
+    *((point, protocol) for point in POINTS if point.endswith("@refund")
+      for protocol in ("modern", "legacy")),
+    *((point, "modern") for point in POINTS if not point.endswith("@refund")),
+]  # fmt: skip
 
 
-@pytest.mark.parametrize("point", list(POINTS))
-def test_crash_at__an_mcp_call(point, workers, messages_api, settings):
+def speaking(monkeypatch, protocol: str, annotated: bool = True) -> None:
+    """Every server from here on (the workers' and this process's) speaks `protocol`."""
+    monkeypatch.setenv("AGENTRUN_TEST_MCP_PROTOCOL", protocol)
+    monkeypatch.setenv("AGENTRUN_TEST_MCP_ANNOTATIONS", "1" if annotated else "0")
+    connections.close_all()  # this process lists the tools: from such a server too
+
+
+@pytest.mark.parametrize(("point", "protocol"), MATRIX)
+def test_crash_at__an_mcp_call(point, protocol, workers, messages_api, settings, monkeypatch):
     settings.AGENTRUN_LEASE_SECONDS = 2
+    speaking(monkeypatch, protocol)
     messages_api.script = refund_then_stock()
     run = crash_then_finish(workers, point, "mcp-crash")
 
@@ -116,22 +135,47 @@ def test_crash_at__an_mcp_call(point, workers, messages_api, settings):
             assert len(ran) == 1, (name, ran)  # the crash came before the batch
 
 
-def test_crash_during__a_destructive_call_without_check__a_person_settles_it(
-    workers, messages_api, settings
+# An untrusted server's tool (no annotations, no host settings): non_idempotent, asked
+# first, no reconcile check. Approved, then cut at each point: once committed in flight,
+# whether it ran is unknown to the app; nobody runs it again, a person settles it. The
+# server's own log says how many times it ran (by the call's one key).
+UNTRUSTED = {
+    "tool.before_handler@refund": 0,
+    "mcp.progress@refund": None,  # the server may or may not have got to it
+    "tool.after_handler@refund": 1,
+}
+
+
+@pytest.mark.parametrize("point", list(UNTRUSTED))
+def test_crash_at__an_untrusted_servers_call__approved_first__a_person_settles_it(
+    point, workers, messages_api, settings, monkeypatch
 ):
     settings.AGENTRUN_LEASE_SECONDS = 2
-    messages_api.script = refund_then_stock()
-    run = crash_then_finish(workers, "tool.after_handler@refund", "mcp-unchecked")
-
+    speaking(monkeypatch, "legacy", annotated=False)
+    messages_api.script = by_step(
+        [Reply([tool_use("refund", REFUND, id="toolu_refund")]), Reply([text("Refunded.")])]
+    )
+    dying = workers.start(failpoints=f"{point}=crash", AGENTRUN_LEASE_SECONDS="2")
+    run = start_run("mcp-stranger", "Refund o1.")
+    wait_resting(run, timeout=60)
     assert run.state == "awaiting_approval", (run.state, workers.logs())
-    refund = run.tool_calls.get(tool_call_id="toolu_refund")
-    assert refund.state == "unknown"
-    assert len(calls("refund")) == 1  # it ran; nobody runs it again
+    assert calls("refund") == []
     person = get_user_model().objects.create_user("pat", password="x")
+    approve_tool_call(run.tool_calls.get(), by=person)
+    assert workers.wait_exit(dying, timeout=60) != 0, f"no crash at {point}\n{workers.logs()}"
+    workers.start(AGENTRUN_LEASE_SECONDS="2")
+    finish(run)
+
+    assert run.state == "awaiting_approval", (run.state, run.error_code, workers.logs())
+    refund = run.tool_calls.get()
+    assert refund.state == "unknown"
+    done = calls("refund")
+    assert {r["key"] for r in done} <= {refund.idempotency_key}
+    assert len(done) == UNTRUSTED[point] if UNTRUSTED[point] is not None else len(done) <= 1
     resolve_tool_call(refund, by=person, action="done", result="refunded 500 on o1")
     finish(run)
     assert run.state == "completed", (run.state, workers.logs())
-    assert len(calls("refund")) == 1
+    assert calls("refund") == done  # nobody ran it again
 
 
 def test_cancel__mid_call__reaches_the_server_as_a_cancellation(workers, messages_api, settings):

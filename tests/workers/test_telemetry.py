@@ -228,7 +228,7 @@ def test_metrics__each_with_its_attributes(workers, messages_api, telemetry):
         assert point["count"] == 2  # two answers
         assert point["attributes"]["gen_ai.operation.name"] == "chat"
         assert point["attributes"]["gen_ai.provider.name"] == "anthropic"
-        assert point["attributes"]["gen_ai.request.model"] == "claude-sonnet-4-5"
+        assert point["attributes"]["gen_ai.request.model"] == "claude-sonnet-4-6"
         assert point["explicit_bounds"][:3] == [1, 4, 16]
     (duration,) = metrics["gen_ai.client.operation.duration"]
     assert duration["unit"] == "s" and duration["count"] == 2

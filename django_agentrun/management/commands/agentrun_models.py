@@ -115,7 +115,9 @@ class Command(BaseCommand):
                 out.append(
                     {
                         "id": info.id,
-                        "status": info.status,
+                        "status": info.lifecycle(),  # current, legacy, deprecated, retired
+                        "retires": info.deprecated.isoformat() if info.deprecated else None,
+                        "replacement": info.replacement or None,
                         "context_window": info.context_window,
                         "max_output": info.max_output,
                         "thinking": sorted(info.thinking),
@@ -140,7 +142,7 @@ class Command(BaseCommand):
             self.stdout.write(json.dumps(out, indent=2))
             return
         header = (
-            f"{'model':<24} {'status':<8} {'context':>9} {'output':>7}  "
+            f"{'model':<24} {'status':<10} {'context':>9} {'output':>7}  "
             f"{'in':>6} {'out':>6} {'5m':>6} {'1h':>6} {'read':>6}  thinking / effort"
         )
         self.stdout.write(header)
@@ -148,14 +150,18 @@ class Command(BaseCommand):
             p = info.prices
             effort = ",".join(e for e in catalog.EFFORT_LEVELS if e in info.effort) or "-"
             self.stdout.write(
-                f"{info.id:<24} {info.status:<8} {info.context_window:>9} {info.max_output:>7}  "
+                f"{info.id:<24} {info.lifecycle():<10} {info.context_window:>9} {info.max_output:>7}  "
                 f"{_money(p.input):>6} {_money(p.output):>6} {_money(p.cache_write_5m):>6} "
                 f"{_money(p.cache_write_1h):>6} {_money(p.cache_read):>6}  "
                 f"{','.join(sorted(info.thinking)) or '-'} / {effort}"
             )
+            if info.deprecated is not None:
+                verb = "retired" if info.lifecycle() == "retired" else "retires"
+                instead = f", use {info.replacement}" if info.replacement else ""
+                self.stdout.write(f"  {verb} {info.deprecated.isoformat()}{instead}")
             for threshold, band in p.bands:
                 self.stdout.write(
-                    f"{'  prompt > ' + str(threshold):<53}  {_money(band.input):>6} "
+                    f"{'  prompt > ' + str(threshold):<55}  {_money(band.input):>6} "
                     f"{_money(band.output):>6} {_money(band.cache_write_5m):>6} "
                     f"{_money(band.cache_write_1h):>6} {_money(band.cache_read):>6}"
                 )

@@ -162,6 +162,26 @@ def _ttls(value: Any) -> list[str]:
     return own + _ttls(value.get("content"))
 
 
+def _ttl(marker: Any) -> str:
+    return str(marker.get("ttl") or "5m") if isinstance(marker, dict) else "5m"
+
+
+def _last_block(body: dict[str, Any]) -> Any:
+    """The block automatic caching marks: the last block of the last message (a string
+    content is one text block); the system's or the tools' last without messages."""
+    messages = body.get("messages") or []
+    if messages and isinstance(messages[-1], dict):
+        content = messages[-1].get("content")
+        if isinstance(content, list) and content:
+            return content[-1]
+        return None
+    system = body.get("system")
+    if isinstance(system, list) and system:
+        return system[-1]
+    tools = body.get("tools") or []
+    return tools[-1] if tools else None
+
+
 def breakpoint_problem(body: dict[str, Any]) -> str | None:
     """Why the API refuses the request's breakpoints (too many, or TTLs out of order)."""
     system = body.get("system")
@@ -176,6 +196,17 @@ def breakpoint_problem(body: dict[str, Any]) -> str | None:
             f"A maximum of {MAX_BREAKPOINTS} blocks with cache_control may be provided. "
             f"Found {len(ttls)}."
         )
+    auto = body.get("cache_control")
+    last = _last_block(body)
+    if isinstance(auto, dict) and isinstance(last, dict) and last.get("cache_control"):
+        # "If the last block has an explicit cache_control with a different TTL, the API
+        # returns a 400 error" (Prompt caching, Automatic caching, "Edge cases"; wording
+        # UNSOURCED); with the same TTL automatic caching is a no-op.
+        if _ttl(last["cache_control"]) != _ttl(auto):
+            return (
+                "cache_control: automatic caching's ttl differs from the explicit "
+                "cache_control of the last block."
+            )
     for k in range(1, len(ttls)):
         if ttls[k] == "1h" and "5m" in ttls[:k]:
             # The wording is the stand-in's own: the stored documentation gives the rule only.

@@ -14,9 +14,11 @@ from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
-from . import model_list, options, replies, servertools
+from . import mcp_connector, model_list, options, replies, servertools
 from .cache import PromptCache, tokens
+from .loops import ThinkingLoops
 from .recorder import Recorder
+from .refusals import RefusedAnswers, continued_refusal
 from .script import Reply, Script, ScriptExhausted, as_reply, new_id
 from .validation import APIRequestError, invalid, validate_request
 
@@ -46,11 +48,14 @@ class APIHTTPServer(ThreadingHTTPServer):
         api: Served,
         recorder: Recorder,
         cache: PromptCache | None = None,
+        refused: RefusedAnswers | None = None,
     ) -> None:
         super().__init__(address, Handler)
         self.api = api
         self.recorder = recorder
         self.cache = cache if cache is not None else PromptCache()
+        self.refused = refused if refused is not None else RefusedAnswers()
+        self.loops = ThinkingLoops()
         self.stopping = threading.Event()
         self._lock = threading.Lock()
         self._connections: set[socket.socket] = set()
@@ -140,14 +145,11 @@ class Handler(BaseHTTPRequestHandler):
     def _send_error(self, exc: APIRequestError, headers: dict[str, str] | None = None) -> None:
         self._rec["status"] = exc.status
         self._rec["error"] = f"{exc.error_type}: {exc.message}"
+        error: dict[str, Any] = {"type": exc.error_type, "message": exc.message}
+        if exc.details:
+            error["details"] = exc.details
         self._send_json(
-            exc.status,
-            {
-                "type": "error",
-                "error": {"type": exc.error_type, "message": exc.message},
-                "request_id": self._request_id,
-            },
-            headers,
+            exc.status, {"type": "error", "error": error, "request_id": self._request_id}, headers
         )
 
     def _client_gone(self, timeout: float) -> bool:
@@ -232,6 +234,9 @@ class Handler(BaseHTTPRequestHandler):
         try:
             self._check_headers()
             validate_request(body, self._betas())
+            problem = self.server.loops.problem(body)
+            if problem:
+                raise invalid(problem)
         except APIRequestError as exc:
             self._send_error(exc)
             return
@@ -249,11 +254,14 @@ class Handler(BaseHTTPRequestHandler):
                 # MessageCreateParams.max_tokens; prompt-caching "Pre-warming the cache"):
                 # the script is not asked. The empty answer's shape is UNSOURCED.
                 reply = Reply(content=[], stop_reason="max_tokens", usage={"output_tokens": 0})
+            elif self.server.refused.sent_again(body):
+                reply = continued_refusal()  # the script is not asked (refusals.py)
             else:
                 reply = as_reply(api.script, body) if api.script is not None else None
             if reply is None:
                 raise ScriptExhausted("fake API has no script")
             _check_format(body, reply)
+            reply = mcp_connector.answered(body, reply, getattr(api, "mcp_listings", None))
         except Exception as exc:  # noqa: BLE001 - a broken script is reported to the client
             recorder.script_error(exc)
             self._send_error(invalid(f"{type(exc).__name__}: {exc}"))
@@ -266,11 +274,15 @@ class Handler(BaseHTTPRequestHandler):
             return
         if reply.is_error:
             self._send_error(
-                APIRequestError(reply.status, reply.error_message or "", reply.error_type),
+                APIRequestError(
+                    reply.status, reply.error_message or "", reply.error_type, reply.error_details
+                ),
                 reply.headers,
             )
             return
         reply = _compacted(body, reply)
+        self.server.refused.remember(reply)
+        self.server.loops.remember(reply)
         if limited:
             reply = replace(reply, headers={**limited, **reply.headers})
         # Read and written by the prompt cache when the API reads the prompt: once answered.

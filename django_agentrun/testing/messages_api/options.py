@@ -125,7 +125,10 @@ def problem(body: dict[str, Any]) -> str | None:
                 return "`max_tokens` must be greater than `thinking.budget_tokens`"
         choice = body.get("tool_choice")
         forced = isinstance(choice, dict) and choice.get("type") in ("any", "tool")
-        if kind != "disabled" and forced:
+        if kind == "enabled" and forced:
+            # Manual thinking only: "Adaptive thinking, including on models where thinking
+            # is on by default, supports forced tool use" (catalog RULES
+            # thinking_x_tool_choice, the thinking page).
             return "Thinking may not be enabled when tool_choice forces tool use."
     output = body.get("output_config")
     if output is not None:

@@ -156,6 +156,8 @@ class Reply:
     status: int = 200
     error_type: str | None = None
     error_message: str | None = None
+    # The error's `details` (e.g. {"error_code": "enforced_spend_limit_reached"}).
+    error_details: dict[str, Any] | None = None
     # Extra response headers, e.g. {"retry-after": "2"}.
     headers: dict[str, str] = field(default_factory=dict)
     # Cut the last tool_use block's input JSON in half mid-stream (stop_reason "max_tokens").
@@ -255,6 +257,22 @@ def error(
     if retry_after is not None:
         all_headers["retry-after"] = f"{retry_after:g}"
     return Reply(status=status, error_type=error_type, error_message=message, headers=all_headers)
+
+
+def spend_cap(*, should_retry: bool | None = None) -> Reply:
+    """The 429 the API answers once the organization's tier spend cap is reached, as the
+    rate-limits page shows it ("Reaching your spend cap",
+    https://platform.claude.com/docs/en/api/rate-limits): `rate_limit_error`,
+    `error.details.error_code` `enforced_spend_limit_reached`, no retry-after. Whether the
+    API also sends `x-should-retry: false` with it is UNSOURCED: `should_retry` adds it."""
+    headers = {} if should_retry is None else {"x-should-retry": str(should_retry).lower()}
+    message = (
+        "You have reached your API usage limits: your organization has crossed its monthly "
+        "API usage threshold, set based on your organization's API tier. You will regain "
+        "access on 2027-01-01 at 00:00 UTC."
+    )
+    details = {"error_code": "enforced_spend_limit_reached"}
+    return Reply(status=429, error_message=message, error_details=details, headers=headers)
 
 
 class ScriptExhausted(LookupError):

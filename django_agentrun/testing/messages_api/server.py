@@ -12,6 +12,7 @@ from .cache import PromptCache
 from .handler import APIHTTPServer
 from .ratelimit import AccountLimit
 from .recorder import Recorder
+from .refusals import RefusedAnswers
 from .script import Script
 
 
@@ -38,6 +39,8 @@ class MessagesAPIServer:
         self.script = script
         # The account's rate limit (429 with retry-after and anthropic-ratelimit-* headers).
         self.rate_limit = rate_limit
+        # What the MCP connector's servers list now: name -> tools (mcp_connector.py).
+        self.mcp_listings: dict[str, list[dict[str, Any]]] = {}
         self.api_key = api_key
         self.host = host
         self._port = port
@@ -45,6 +48,8 @@ class MessagesAPIServer:
         self._recorder = Recorder()  # outlives each start/stop
         # What the API would hold in its prompt cache (cache.py); outlives each start/stop.
         self.prompt_cache = PromptCache()
+        # What refused answers streamed: sent back, they are refused again (refusals.py).
+        self.refused_answers = RefusedAnswers()
         self._httpd: APIHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -53,7 +58,9 @@ class MessagesAPIServer:
     def start(self) -> MessagesAPIServer:
         if self._httpd is not None:
             return self
-        httpd = APIHTTPServer((self.host, self._port), self, self._recorder, self.prompt_cache)
+        httpd = APIHTTPServer(
+            (self.host, self._port), self, self._recorder, self.prompt_cache, self.refused_answers
+        )
         self._httpd = httpd
         self._thread = threading.Thread(
             target=httpd.serve_forever,

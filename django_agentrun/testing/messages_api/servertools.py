@@ -152,6 +152,20 @@ def check_mcp_servers(body: dict[str, Any], tools: list[dict[str, Any]]) -> None
     for name in named:
         if name not in names:
             raise Refusal(f"tools: mcp_toolset names an unknown MCP server '{name}'")
+    for k, toolset in enumerate(toolsets):
+        if toolset.get("tools") is not None:  # a pinned listing (mcp_connector.py)
+            _check_listed(toolset["tools"], f"tools.{k}.tools")
+
+
+def _check_listed(tools: Any, where: str) -> None:
+    """A pinned listing: each tool a name and an input schema (BetaMCPToolParamParam)."""
+    if not isinstance(tools, list):
+        raise Refusal(f"{where}: Input should be a valid list")
+    for k, tool in enumerate(tools):
+        if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
+            raise Refusal(f"{where}.{k}.name: Field required")
+        if not isinstance(tool.get("input_schema"), dict):
+            raise Refusal(f"{where}.{k}.input_schema: Input should be a valid dictionary")
 
 
 def check_mcp_beta(body: dict[str, Any], betas: set[str] | None) -> None:
@@ -172,13 +186,20 @@ def check_messages(
     )
     last = len(parsed) - 1
     open_uses: dict[str, str] = {}
+    # Programmatic tool calling: a server tool use (code execution) that called a client
+    # tool stays open across the client's tool_result; its result arrives in a later
+    # response ("Claude writes code ... execution pauses at a tool call ... returns
+    # tool_use ... you provide the result ... execution continues", Programmatic tool
+    # calling, https://platform.claude.com/docs/en/agents-and-tools/tool-use/programmatic-tool-calling).
+    awaiting: dict[str, str] = {}
     for i, (role, blocks) in enumerate(parsed):
         if i == 0 or parsed[i - 1][0] != role:
             open_uses = {}  # consecutive messages of a role are one (a paused turn, continued)
+            awaited = set(awaiting) if role == "assistant" else set()
         for j, block in enumerate(blocks):
             kind = block["type"]
             where = f"messages.{i}.content.{j}"
-            if kind in ("mcp_tool_use", "mcp_tool_result"):
+            if kind in ("mcp_tool_use", "mcp_tool_result", "mcp_tool_listing"):
                 _check_mcp_block(block, where, role, body, open_uses)
                 continue
             if kind == "server_tool_use" or kind in RESULT_BLOCKS or kind == "compaction":
@@ -202,11 +223,13 @@ def check_messages(
                 open_uses[tool_id] = name
             elif kind in RESULT_BLOCKS:
                 tool_id = block.get("tool_use_id")
-                name = open_uses.pop(tool_id, None) if isinstance(tool_id, str) else None
+                name = None
+                if isinstance(tool_id, str):
+                    name = open_uses.pop(tool_id, None) or awaiting.pop(tool_id, None)
                 if name is None or kind not in RESULT_TYPES.get(name, ()):
                     raise Refusal(
                         f"{where}: `{kind}` block with tool_use_id {tool_id!r} does not answer a "
-                        "`server_tool_use` block before it in the same message"
+                        "`server_tool_use` block before it"
                     )
                 if "content" not in block:
                     raise Refusal(f"{where}.{kind}.content: Field required")
@@ -219,11 +242,28 @@ def check_messages(
                 if block.get("signature") != compaction_signature(block.get("content")):
                     raise Refusal(f"{where}: Invalid `signature` in `compaction` block")
         continued = i < last and parsed[i + 1][0] == role
+        if role == "assistant" and not continued:
+            callers = _callers(blocks)
+            for tool_id in [t for t in open_uses if t in callers]:
+                awaiting[tool_id] = open_uses.pop(tool_id)  # it called a client tool
+            # A use awaited before this answer is answered in it, or calls a tool again.
+            for tool_id in [t for t in awaited if t in awaiting and t not in callers]:
+                open_uses[tool_id] = awaiting.pop(tool_id)
         if open_uses and not continued and not (i == last and role == "assistant"):
             raise Refusal(
                 f"messages.{i}: `server_tool_use` ids were found without their result blocks "
                 f"in the same message: {', '.join(open_uses)}"
             )
+
+
+def _callers(blocks: list[dict[str, Any]]) -> set[str]:
+    """The server tool uses the client tool_use blocks of a message were called from."""
+    found = set()
+    for block in blocks:
+        caller = block.get("caller") if block.get("type") == "tool_use" else None
+        if isinstance(caller, dict) and isinstance(caller.get("tool_id"), str):
+            found.add(caller["tool_id"])
+    return found
 
 
 def _check_mcp_block(
@@ -235,6 +275,14 @@ def _check_mcp_block(
     if role != "assistant":
         raise Refusal(f"{where}: `{kind}` blocks can only be in `assistant` messages")
     servers = {s.get("name") for s in body.get("mcp_servers") or () if isinstance(s, dict)}
+    if kind == "mcp_tool_listing":  # BetaMCPToolListingBlockParam (mcp_connector.py)
+        if block.get("mcp_server_name") not in servers:
+            raise Refusal(
+                f"{where}: `mcp_tool_listing` block for server "
+                f"{block.get('mcp_server_name')!r}, which is not in the request's mcp_servers"
+            )
+        _check_listed(block.get("tools"), f"{where}.tools")
+        return
     if kind == "mcp_tool_use":
         tool_id = block.get("id")
         if not isinstance(tool_id, str) or not tool_id.startswith("mcptoolu_"):

@@ -7,11 +7,13 @@ import re
 from typing import Any
 from urllib.parse import urlsplit
 
-from . import cache, history, options, servertools, thinking
+from . import cache, history, options, servertools, system_messages, thinking
 from .script import ERROR_TYPES, text
 
 _ID_PATTERN = re.compile(r"^[a-zA-Z0-9_-]+$")
-_TOOL_NAME_PATTERN = re.compile(r"^[a-zA-Z0-9_-]{1,128}$")
+# "Must match the regex ^[a-zA-Z0-9_-]{1,64}$" (Define tools,
+# https://platform.claude.com/docs/en/agents-and-tools/tool-use/define-tools).
+_TOOL_NAME_PATTERN = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
 
 # Top-level request keys the real API knows; anything else is "Extra inputs are not permitted".
@@ -61,6 +63,7 @@ _BLOCK_TYPES = frozenset(
         "container_upload",
         "mcp_tool_use",
         "mcp_tool_result",
+        "mcp_tool_listing",
         "tool_reference",
         "compaction",
     }
@@ -70,11 +73,18 @@ _BLOCK_TYPES = frozenset(
 class APIRequestError(Exception):
     """A request the API would refuse: `status`, `error_type` and `message` as it answers them."""
 
-    def __init__(self, status: int, message: str, error_type: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        error_type: str | None = None,
+        details: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.error_type = error_type or ERROR_TYPES.get(status, "api_error")
+        self.details = details
 
 
 def invalid(message: str) -> APIRequestError:
@@ -111,6 +121,10 @@ def _check_block(block: Any, where: str, role: str) -> None:
             raise invalid(f"{where}.text: Field required")
         if not block["text"]:
             raise invalid("messages: text content blocks must be non-empty")
+        if not block["text"].strip():
+            # The API's wording as clients quote it (third-party: continuedev/continue#11446);
+            # no official page states the rule.
+            raise invalid("messages: text content blocks must contain non-whitespace text")
     elif kind == "tool_use":
         if role != "assistant":
             raise invalid(f"{where}: `tool_use` blocks can only be in `assistant` messages")
@@ -194,6 +208,9 @@ def _validate(body: Any, betas: set[str] | None) -> None:
     tool_names = _check_tools(body.get("tools"))
     _check_tool_choice(body.get("tool_choice"), tool_names)
     parsed = _parse_messages(body["messages"])
+    problem = system_messages.problem(body, parsed)
+    if problem:
+        raise invalid(problem)
     problem = cache.breakpoint_problem(body) or history.prefill_problem(body, parsed)
     if problem:
         raise invalid(problem)
@@ -227,8 +244,40 @@ def _check_fields(body: Any) -> None:
         raise invalid("max_tokens: Input should be a valid integer")
     if max_tokens < 0:  # 0 fills the prompt cache, no answer (catalog RULES max_tokens_zero)
         raise invalid("max_tokens: Input should be greater than or equal to 0")
+    if max_tokens == 0:
+        _check_prewarm(body)
     if "stream" in body and not isinstance(body["stream"], bool):
         raise invalid("stream: Input should be a valid boolean")
+
+
+def _check_prewarm(body: dict[str, Any]) -> None:
+    """A `max_tokens: 0` request (pre-warming the cache) "is rejected with an
+    invalid_request_error if any of the following are set, since each implies output that a
+    zero-token budget cannot produce": stream, thinking enabled, output_config.format, a
+    forced tool_choice (Prompt caching, "Pre-warming the cache", Limitations,
+    https://platform.claude.com/docs/en/build-with-claude/prompt-caching). The wording is
+    the stand-in's (UNSOURCED)."""
+    thinking = body.get("thinking")
+    output = body.get("output_config")
+    choice = body.get("tool_choice")
+    found = [
+        name
+        for name, present in (
+            ("stream: true", body.get("stream") is True),
+            (
+                'thinking.type "enabled"',
+                isinstance(thinking, dict) and thinking.get("type") == "enabled",
+            ),
+            ("output_config.format", isinstance(output, dict) and output.get("format") is not None),
+            (
+                "a forced tool_choice",
+                isinstance(choice, dict) and choice.get("type") in ("any", "tool"),
+            ),
+        )
+        if present
+    ]
+    if found:
+        raise invalid(f"max_tokens: 0 cannot be combined with {found[0]}: it writes no output")
 
 
 def _check_sampling(body: dict[str, Any]) -> None:
@@ -308,7 +357,7 @@ def _check_custom_tool(tool: dict[str, Any], j: int) -> None:
     name = tool.get("name")
     if not isinstance(name, str) or not _TOOL_NAME_PATTERN.match(name):
         raise invalid(
-            f"tools.{j}.custom.name: String should match pattern '^[a-zA-Z0-9_-]{{1,128}}$'"
+            f"tools.{j}.custom.name: String should match pattern '^[a-zA-Z0-9_-]{{1,64}}$'"
         )
     schema = tool.get("input_schema")
     if not isinstance(schema, dict):
@@ -366,8 +415,8 @@ def _parse_messages(messages: Any) -> list[tuple[str, list[dict[str, Any]]]]:
             if key not in ("role", "content"):
                 raise invalid(f"messages.{i}.{key}: Extra inputs are not permitted")
         role = message.get("role")
-        if role not in ("user", "assistant"):
-            raise invalid(f"messages.{i}.role: Input should be 'user' or 'assistant'")
+        if role not in ("user", "assistant", "system"):
+            raise invalid(f"messages.{i}.role: Input should be 'user', 'assistant' or 'system'")
         if "content" not in message:
             raise invalid(f"messages.{i}.content: Field required")
         content = message["content"]
@@ -375,6 +424,9 @@ def _parse_messages(messages: Any) -> list[tuple[str, list[dict[str, Any]]]]:
             raise invalid(f"messages.{i}.content: Input should be a valid list")
         blocks = _content_blocks(content)
         for j, block in enumerate(blocks):
+            found = system_messages.block_problem(block, f"messages.{i}.content.{j}")
+            if role == "system" and found:
+                raise invalid(found)
             _check_block(block, f"messages.{i}.content.{j}", role)
         is_final_assistant = i == len(messages) - 1 and role == "assistant"
         if not blocks and not is_final_assistant:
