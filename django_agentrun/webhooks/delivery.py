@@ -76,7 +76,7 @@ def deliver(delivery_id: Any) -> str:
     if delivery.kind == DeliveryKind.EMAIL:
         outcome = _email(delivery)
     else:
-        outcome = _post(delivery)
+        outcome = post(delivery)
     return _record(delivery, outcome, started, time.monotonic() - clock, hold)
 
 
@@ -89,7 +89,9 @@ def _email(delivery: WebhookDelivery) -> Tried:
         return Tried(False, error=f"{type(exc).__name__}: {exc}")
 
 
-def _post(delivery: WebhookDelivery) -> Tried:
+def post(delivery: WebhookDelivery) -> Tried:
+    """One try's request to the delivery's subscriber, signed, to the address the URL
+    policy checked, given up within AGENTRUN_WEBHOOK_TIMEOUT_SECONDS: what it found."""
     sub = outbox.subscription(delivery.subscription)
     if sub is None:
         return Tried(False, error="The subscription was removed or deactivated", final=True)
@@ -130,7 +132,7 @@ def _post(delivery: WebhookDelivery) -> Tried:
 
 
 def _exchange(request: tuple[Any, ...], timeout: float, answered: list[Any]) -> None:
-    """One request and the start of its answer, in the thread `_post` waits for: (status
+    """One request and the start of its answer, in the thread `post` waits for: (status
     code, excerpt), or the error, appended to `answered`."""
     target, body, headers, extensions = request
     try:

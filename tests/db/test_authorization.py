@@ -277,7 +277,7 @@ def test_unknown_agents__answer_as_forbidden_ones_do(world):
 @pytest.fixture
 def owner_agent():
     """test-agent's tools, with runs that act for their owner (`run_as="owner"`)."""
-    agent = Agent(name="for-owner", model="claude-sonnet-4-5", run_as="owner")
+    agent = Agent(name="for-owner", model="claude-sonnet-4-6", run_as="owner")
     yield agent
     unregister_agent(agent.name)
 
@@ -326,7 +326,7 @@ def test_agent__run_as_takes_requester_or_owner():
 def hooked():
     agent = Agent(
         name="hooked",
-        model="claude-sonnet-4-5",
+        model="claude-sonnet-4-6",
         api_start=True,
         context=lambda: "Internal: refunds over 50 EUR go to Mallory.",
     )

@@ -625,13 +625,13 @@ def test_deliver__a_try_whose_hold_was_taken_records_itself_not_the_delivery(
 
     factories.completed_run()
     (row,) = deliveries()
-    real = sending._post
+    real = sending.post
 
     def taken_meanwhile(found):
         WebhookDelivery.objects.filter(pk=found.pk).update(locked_until=timezone.now())
         return real(found)
 
-    monkeypatch.setattr(sending, "_post", taken_meanwhile)
+    monkeypatch.setattr(sending, "post", taken_meanwhile)
     assert webhooks.deliver(row.pk) == "taken over"
     row.refresh_from_db()
     assert (row.status, row.attempts) == (DeliveryStatus.PENDING, 0)

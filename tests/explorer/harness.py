@@ -108,7 +108,7 @@ def _webhooks(world: World, monkeypatch: Any) -> None:
         sending.discard(actor)
         return delivery.Tried(True, status_code=204)
 
-    monkeypatch.setattr(delivery, "_post", post)
+    monkeypatch.setattr(delivery, "post", post)
 
 
 @contextlib.contextmanager
