@@ -143,7 +143,6 @@ class World:
         self.budget = Budget()
         self.people_done: set[str] = set()
         self.dead_owners: set[str] = set()
-        self.late: set[Actor] = set()
         self.run_id: Any = None
         self.conversation_id: Any = None
         self.result = Result(scenario.name)
@@ -284,9 +283,25 @@ class World:
 
     # -- the heartbeat, as moves -----------------------------------------------------------
 
+    def lease_of(self, actor: Actor) -> tuple[bool, bool]:
+        """Where the lease the actor's step holds stands in the database: (taken by
+        another holder since, run out). A holder is late exactly when its lease ran out
+        (the schedule's clock: no renewal came), and only a late holder's run is taken."""
+        lease = actor.lease
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT lease_owner, lease_epoch, lease_expires_at < statement_timestamp()"
+                " FROM agentrun_run WHERE id = %s",
+                [lease.run_id],
+            )
+            owner, epoch, expired = cursor.fetchone()
+        taken = bool(owner) and (owner, epoch) != (lease.owner, lease.epoch)
+        return taken, bool(expired)
+
     def beat(self, target: Actor) -> None:
         """One renewal of `target`'s lease (a compare-and-set on its epoch: it also takes
-        back a lease that ran out, if nobody else took the run)."""
+        back a lease that ran out, if nobody else took the run). Refused because another
+        holder took the run (it ran out: the process was late), the process ends itself."""
         lease, abort = target.lease, target.abort
 
         def renew(actor: Actor) -> Any:
@@ -298,15 +313,14 @@ class World:
         while hb.status == PARKED:
             self.controller.grant(hb)
         if hb.error is not None or hb.result is None:
-            return
+            return  # waiting for a lock: its answer comes, and counts, later
         held, cancel = hb.result
         if held:
-            self.late.discard(target)
             if cancel and abort is not None:
                 abort.abort(CANCEL_REQUESTED)
         elif abort is not None:
             abort.abort(LEASE_LOST)
-            if target in self.late and target.alive:
+            if target.alive and target.lease is not None and self.lease_of(target)[0]:
                 self.crash(target, "child")  # lapsed: the process ends itself at once
 
     def expire(self, run_id: Any) -> None:
@@ -316,25 +330,19 @@ class World:
             with connection.cursor() as cursor:
                 cursor.execute(
                     "UPDATE agentrun_run SET lease_expires_at = statement_timestamp()"
-                    " - interval '1 second' WHERE id = %s AND lease_owner <> ''"
-                    " RETURNING lease_owner, lease_epoch",
+                    " - interval '1 second' WHERE id = %s AND lease_owner <> ''",
                     [run_id],
                 )
-                return cursor.fetchone()
 
         clock = self.controller.spawn("clock", "clock", run_out)
         while clock.status == PARKED:
             self.controller.grant(clock)
-        for actor in self.controller.busy():
-            if actor.lease is not None and str(actor.lease.run_id) == str(run_id):
-                self.late.add(actor)
 
     def crash(self, actor: Actor, kind: str) -> None:
         """The actor's process dies: a pool child ("child": provably dead to a worker on its
         machine, its message redelivered) or a whole worker or host ("host": its lease
         must run out, its message is lost until a visibility timeout)."""
         self.controller.crash(actor)
-        self.late.discard(actor)
         if actor.slot is not None:
             slot, message = actor.slot
             if slot.task is actor and message.generation == slot.generation:
@@ -344,27 +352,24 @@ class World:
                 self.broker.worker_lost(message, redelivered=kind == "child")
 
     def go(self, actor: Actor) -> None:
-        """Let an actor go; a late worker whose run another holder took is ended by its
-        heartbeat first where it would start an effect."""
-        if actor in self.late and actor.lease is not None:
-            owner, epoch = (
-                Run.objects.filter(pk=actor.lease.run_id)
-                .values_list("lease_owner", "lease_epoch")
-                .first()
-            )
-            if (owner, epoch) == (actor.lease.owner, actor.lease.epoch):
-                self.beat(actor)  # taken back: nobody took the run meanwhile
-            elif actor.point.partition("@")[0] in BEFORE_EFFECT:
+        """Let an actor go. One whose lease ran out is late: if nobody took the run, its
+        heartbeat takes the lease back first; if another holder did, the heartbeat ends the
+        process before it starts a tool's effect or a model request (it may finish what
+        it had in hand: its writes are refused, a tool's result kept)."""
+        if actor.lease is not None and actor.kind in ("worker", "reaper"):
+            taken, expired = self.lease_of(actor)
+            if taken and actor.point.partition("@")[0] in BEFORE_EFFECT:
                 self.crash(actor, "child")
                 return
+            if expired and not taken:
+                self.beat(actor)
         self.last = actor
         self.controller.grant(actor)
 
     # -- the moves --------------------------------------------------------------------------
 
     def where(self, actor: Actor) -> str:
-        late = " (late)" if actor in self.late else ""
-        return f"{actor.kind}@{actor.point}{late}"
+        return f"{actor.kind}@{actor.point}"
 
     def moves(self, faults: bool = True) -> list[Move]:
         """This step's moves, the default first: an actor that has not moved yet (a person's
@@ -459,7 +464,7 @@ class World:
             if row is None or actor.abort is None:
                 continue
             noticed = actor.abort.cancel_requested or not row.cancel
-            if noticed and actor not in self.late and row.lease_owner == actor.lease.owner:
+            if noticed and not row.expired and row.lease_owner == actor.lease.owner:
                 continue  # it would renew and notice nothing
             found.append(
                 Move(
