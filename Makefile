@@ -156,7 +156,8 @@ test-workers-psycopg2: install
 # server connections, started by tests/pgbouncer.py as a child of the run; the test process
 # and its workers connect through it (DISABLE_SERVER_SIDE_CURSORS, as Django asks), the test
 # database is made on the direct port. Without pgbouncer (and no way to install it) the
-# stage says it was skipped. test-django-pool: Django's own psycopg pool, OPTIONS "pool".
+# stage says it was skipped. test-django-pool: Django's own psycopg pool, OPTIONS "pool"
+# (psycopg_pool's defaults; test_django_pool.py gives its worker max_size 4 and a batch of 6).
 POOLED_TESTS = tests/workers/test_delivery.py::test_duplicate_delivery__two_workers_execute_each_turn_once \
 	tests/workers/test_conversations.py \
 	tests/workers/test_crash_matrix.py::test_non_idempotent_without_check__waits_for_a_person \
@@ -165,6 +166,7 @@ POOLED_TESTS = tests/workers/test_delivery.py::test_duplicate_delivery__two_work
 	tests/workers/test_governor.py::test_caps__at_most_n_runs_of_a_key_are_worked_at_once \
 	tests/postgres/test_concurrency.py::test_cap__claims_racing_under_one_cap_take_its_slots_only
 POOL_TESTS = tests/workers/test_delivery.py::test_duplicate_delivery__two_workers_execute_each_turn_once \
+	tests/workers/test_django_pool.py \
 	tests/workers/test_conversations.py::test_interrupt__a_run_waiting_for_an_approval_and_the_one_queued_behind_it \
 	"tests/workers/test_crash_matrix.py::test_crash_at__every_failpoint[tool.after_handler]"
 
