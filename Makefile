@@ -41,7 +41,7 @@ CHROMIUM ?= /usr/bin/chromium
 .PHONY: test lane lint checks test-sqlite test-postgres test-workers test-postgres-ssb \
 	test-postgres-psycopg2 test-workers-psycopg2 test-pgbouncer pgbouncer test-django-pool \
 	test-node node test-browser chromium test-django6 test-browser-django6 test-release demo demo-traces chat \
-	bench bench-quick bench-load install
+	bench bench-quick bench-load install soak
 
 # A virtualenv with the project and its test dependencies, rebuilt when pyproject changes.
 $(VENV)/.installed: pyproject.toml
@@ -126,29 +126,25 @@ test-postgres: install
 	DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest tests/db tests/postgres -q $(XDIST)
 
 # Real Celery worker processes (warm starts: tests/processes.py) on Postgres (psycopg 3) and
-# Redis, killed with SIGKILL.
+# Redis, killed with SIGKILL (the chaos test also through TCP proxies it faults, and with a
+# worker whose wall clock jumps: tests/wallclock.c, built with the system's C compiler).
 test-workers: install
 	DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest $(WORKER_TIER) -q
 
-# Again with Django's server-side parameter binding (psycopg), which the engine's and the
-# reaper's raw SQL must also work with: the db and postgres tiers less what is the same on
-# any driver and binding (one_driver: the API's and the admin's modules, whose queries are
-# Django's own).
-test-postgres-ssb: install
-	AGENTRUN_TEST_SERVER_SIDE_BINDING=1 DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest tests/db tests/postgres -q \
-	  -m "not one_driver" $(XDIST)
-
-# Again through psycopg2 (projects on the older driver): the tests make `import psycopg`
-# fail, so Django and the app fall back to psycopg2, workers included. The db and postgres
-# tiers, less what is the same on any driver (one_driver), and of the worker processes the
-# one that exercises the heartbeat's reconnect (both_drivers, test-workers-psycopg2); the
-# crash matrix and the chaos test run on psycopg 3 only.
-test-postgres-psycopg2: install
-	AGENTRUN_TEST_PSYCOPG2=1 DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest tests/db tests/postgres -q \
-	  -m "not one_driver" $(XDIST)
-
-test-workers-psycopg2: install
-	AGENTRUN_TEST_PSYCOPG2=1 DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest $(WORKER_TIER) -q -m both_drivers
+# The chaos soak, long (docs/how-to/development.md): SOAKS soaks in a row, each SOAK_SECONDS
+# of faults over SOAK_RUNS runs, a new seed each; the first that fails stops it.
+SOAKS ?= 10
+SOAK_SECONDS ?= 60
+SOAK_RUNS ?= 20
+soak: install
+	@mkdir -p artifacts
+	@for i in $$(seq 1 $(SOAKS)); do \
+	  started=$$(date +%s); \
+	  AGENTRUN_CHAOS_SECONDS=$(SOAK_SECONDS) AGENTRUN_CHAOS_RUNS=$(SOAK_RUNS) DATABASE_URL=$(PG_URL) \
+	    $(PYTHON) -m pytest tests/workers/test_chaos.py -q -s >artifacts/soak-$$i.log 2>&1; status=$$?; \
+	  echo "soak $$i: $$(( $$(date +%s) - started )) s (exit $$status): $$(grep -h -m1 'chaos seed' artifacts/soak-$$i.log) $$(grep -h -m1 'chaos actions' artifacts/soak-$$i.log)"; \
+	  [ $$status -eq 0 ] || { tail -50 artifacts/soak-$$i.log; exit $$status; }; \
+	done
 
 # Behind connection poolers, with the app's settings at their defaults: the worker tier's
 # end-to-end, approval, conversation and crash tests (a subset: the full matrix runs on the
