@@ -93,14 +93,23 @@ def on_commit(run_id: Any) -> None:
     transaction.on_commit(partial(batch.send, str(run_id)))
 
 
+# An announcement expires this long (or a lease, if longer) after its publisher last made
+# progress: a publisher on a saturated machine stalls for seconds between two publishes
+# (one publish took 2.4 s in bench-load beside two busy loops, and an announcement that
+# lived a 3 s lease lapsed: 236 runs re-sent), while a publisher that dies in the middle of
+# a commit's wake-ups is rare, and its runs then wait this long for the reaper.
+ANNOUNCEMENT_MIN_SECONDS = 30.0
+
+
 class _Batch:
     """The wake-ups one transaction publishes after its commit. Its first callback, made
     before any of theirs (so it runs first), announces them all to the broker when there are
-    several: a Redis set that expires a lease after it was last touched, listed in COMING.
-    Each wake-up sent keeps it alive; the last one withdraws it. A publisher that dies
-    leaves it to expire (Redis's clock), and the reaper re-sends what was never published.
-    Nothing is sent to the broker inside the transaction: the instant between the commit
-    and this first callback is the reaper's second look's to cover."""
+    several: a Redis set that expires (`_ttl_ms`) unless touched, listed in COMING. The
+    wake-ups sent keep it alive (those still to come announced again, should a stall have
+    let it lapse); the last one withdraws it. A publisher that dies leaves it to expire
+    (Redis's clock), and the reaper re-sends what was never published. Nothing is sent to
+    the broker inside the transaction: the instant between the commit and this first
+    callback is the reaper's second look's to cover."""
 
     def __init__(self, connection: Any) -> None:
         self.ids: list[str] = []
@@ -119,20 +128,24 @@ class _Batch:
     def committed(self) -> None:
         if len(self.ids) < 2:  # one wake-up: nothing to wait for but its own publish
             return
-        key, ids = f"{COMING}:{uuid.uuid4().hex}", self.ids
+        key = f"{COMING}:{uuid.uuid4().hex}"
+        if self._announce(key, self.ids):
+            self.key = key
 
+    def _announce(self, key: str, ids: list[str]) -> bool:
         def announce(client: Any) -> None:
             pipe = client.pipeline(transaction=True)
             pipe.sadd(key, *ids).pexpire(key, _ttl_ms()).sadd(COMING, key).execute()
 
         if _on_broker(announce):
-            self.key, self.touched = key, time.monotonic()
+            self.touched = time.monotonic()
+            return True
+        return False
 
     def send(self, run_id: str) -> None:
         key = self.key
         if key is not None and time.monotonic() - self.touched > _ttl_ms() / 6000:
-            if _on_broker(lambda client: client.pexpire(key, _ttl_ms())):
-                self.touched = time.monotonic()
+            self._announce(key, self.ids[self.sent :])  # in the order they go out
         send(run_id)
         self.sent += 1
         if key is not None and self.sent == len(self.ids):
@@ -140,7 +153,7 @@ class _Batch:
 
 
 def _ttl_ms() -> int:
-    return max(1000, int(agentrun_settings.LEASE_SECONDS * 1000))
+    return int(max(agentrun_settings.LEASE_SECONDS, ANNOUNCEMENT_MIN_SECONDS, 1.0) * 1000)
 
 
 def _on_broker(act: Any) -> bool:

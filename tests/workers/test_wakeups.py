@@ -197,9 +197,10 @@ def test_big_commit__a_publisher_that_died_after_announcing__its_runs_are_rewoke
     postgres, queue, settings, monkeypatch
 ):
     """An announcement is not a message: one whose publisher died (nothing published)
-    expires a lease after it was made (the broker's clock), and the reaper then wakes each
-    of its runs once."""
+    expires (the broker's clock: at least ANNOUNCEMENT_MIN_SECONDS, 30 s; 1 s here), and
+    the reaper then wakes each of its runs once."""
     settings.AGENTRUN_LEASE_SECONDS = 1
+    monkeypatch.setattr(wakeups, "ANNOUNCEMENT_MIN_SECONDS", 1.0)
 
     class Died(BaseException):
         """The publishing process ends before its first publish (nothing after runs)."""
@@ -207,13 +208,14 @@ def test_big_commit__a_publisher_that_died_after_announcing__its_runs_are_rewoke
     def die(run_id, countdown=None):
         raise Died
 
+    publish = wakeups.send
     monkeypatch.setattr(wakeups, "send", die)
     with pytest.raises(Died), transaction.atomic():
         runs = [start_run("test-agent", f"run {i}") for i in range(3)]
         Run.objects.filter(pk__in=[r.pk for r in runs]).update(
             queued_at=timezone.now() - timedelta(minutes=1)
         )
-    monkeypatch.undo()
+    monkeypatch.setattr(wakeups, "send", publish)
     assert Run.objects.filter(pk__in=[r.pk for r in runs]).count() == 3  # committed
     assert wakeups.queued_messages() == 0
     assert _lost(reap()) == []  # announced a moment ago: on their way
@@ -222,6 +224,43 @@ def test_big_commit__a_publisher_that_died_after_announcing__its_runs_are_rewoke
     assert wakeups.queued_messages() == 3
     reap()
     assert _requeued() == 3
+
+
+def test_big_commit__an_announcement_that_lapsed_in_a_stall_is_made_again(
+    postgres, queue, settings, monkeypatch
+):
+    """A publisher stalled past its announcement's life (a saturated machine) announces the
+    wake-ups still to come again with its next one."""
+    settings.AGENTRUN_LEASE_SECONDS = 1
+    monkeypatch.setattr(wakeups, "ANNOUNCEMENT_MIN_SECONDS", 1.0)
+    announced: list[set[str]] = []
+    publish = wakeups.send
+
+    def send_stalled(run_id, countdown=None):
+        if len(announced) == 1:
+            time.sleep(1.3)  # the announcement lapses
+        announced.append(_announcements())
+        publish(run_id, countdown)
+
+    monkeypatch.setattr(wakeups, "send", send_stalled)
+    with transaction.atomic():
+        runs = [str(start_run("test-agent", f"run {i}").pk) for i in range(4)]
+    ours = [found & set(runs) for found in announced]  # another test's may linger a moment
+    assert ours[0] == set(runs)
+    assert ours[1] == set()  # lapsed
+    assert ours[2] == set(runs[2:])  # the ones still to go out, again
+    assert not _announcements() & set(runs)  # withdrawn after the last
+    assert wakeups.queued_messages() == 4
+
+
+def _announcements() -> set[str]:
+    """The run ids the broker's live announcements name."""
+    from example_project.celery import app
+
+    with app.connection_for_read() as conn:
+        client = conn.default_channel.client
+        keys = client.smembers(wakeups.COMING)
+        return {m.decode() for key in keys for m in client.smembers(key)}
 
 
 def test_lost_wakeup__a_worker_clock_ahead_cannot_keep_a_dead_message_fresh(
