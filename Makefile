@@ -146,6 +146,26 @@ soak: install
 	  [ $$status -eq 0 ] || { tail -50 artifacts/soak-$$i.log; exit $$status; }; \
 	done
 
+# Again with Django's server-side parameter binding (psycopg), which the engine's and the
+# reaper's raw SQL must also work with: the db and postgres tiers less what is the same on
+# any driver and binding (one_driver: the API's and the admin's modules, whose queries are
+# Django's own).
+test-postgres-ssb: install
+	AGENTRUN_TEST_SERVER_SIDE_BINDING=1 DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest tests/db tests/postgres -q \
+	  -m "not one_driver" $(XDIST)
+
+# Again through psycopg2 (projects on the older driver): the tests make `import psycopg`
+# fail, so Django and the app fall back to psycopg2, workers included. The db and postgres
+# tiers, less what is the same on any driver (one_driver), and of the worker processes the
+# one that exercises the heartbeat's reconnect (both_drivers, test-workers-psycopg2); the
+# crash matrix and the chaos test run on psycopg 3 only.
+test-postgres-psycopg2: install
+	AGENTRUN_TEST_PSYCOPG2=1 DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest tests/db tests/postgres -q \
+	  -m "not one_driver" $(XDIST)
+
+test-workers-psycopg2: install
+	AGENTRUN_TEST_PSYCOPG2=1 DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest $(WORKER_TIER) -q -m both_drivers
+
 # Behind connection poolers, with the app's settings at their defaults: the worker tier's
 # end-to-end, approval, conversation and crash tests (a subset: the full matrix runs on the
 # direct connection above). test-pgbouncer: Debian's PgBouncer in transaction mode with 3
