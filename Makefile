@@ -31,7 +31,7 @@ VENV_DJANGO6 ?= .venv-django6
 # the same on any driver: one_driver, run under 5.2 on SQLite); the worker lane runs the
 # engine on 5.2 and psycopg 3 with real processes.
 TEST_STAGES = lint checks docs test-sqlite test-postgres-ssb test-postgres-psycopg2 test-django6 \
-	test-release
+	test-explore test-release
 WORKER_STAGES = test-workers test-workers-psycopg2 test-pgbouncer test-django-pool test-node \
 	test-browser test-browser-django6
 PG_URL_WORKERS ?= $(PG_URL)_workers
@@ -40,7 +40,8 @@ CHROMIUM ?= /usr/bin/chromium
 
 .PHONY: test lane lint checks test-sqlite test-postgres test-workers test-postgres-ssb \
 	test-postgres-psycopg2 test-workers-psycopg2 test-pgbouncer pgbouncer test-django-pool \
-	test-node node test-browser chromium test-django6 test-browser-django6 test-release demo demo-traces chat \
+	test-node node test-browser chromium test-django6 test-browser-django6 test-release demo demo-traces chat admin \
+	test-explore explore \
 	bench bench-quick bench-load install soak
 
 # A virtualenv with the project and its test dependencies, rebuilt when pyproject changes.
@@ -252,6 +253,20 @@ test-django6:
 	DATABASE_URL=$(PG_URL) $(VENV_DJANGO6)/bin/python -m pytest tests/pure tests/db tests/postgres \
 	  -q $(XDIST)
 
+# The schedule explorer (tests/explorer, docs/how-to/development.md): the engine, the reaper
+# and people as actors on Postgres (psycopg 3), interleaved at every scheduling point, within
+# its budget (a fixed set of seeds per scenario, the defects it found as their schedules);
+# `make explore SCHEDULES=N` runs N guided schedules (EXPLORE_FIRST_SEED=K moves the seeds).
+SCHEDULES ?= 2000
+EXPLORE_FIRST_SEED ?= 1000
+test-explore: install
+	AGENTRUN_EXPLORE=1 DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest tests/postgres/test_explore.py \
+	  -q $(XDIST)
+
+explore: install
+	AGENTRUN_EXPLORE=1 EXPLORE_SCHEDULES=$(SCHEDULES) EXPLORE_FIRST_SEED=$(EXPLORE_FIRST_SEED) \
+	  DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest tests/postgres/test_explore.py -q -s -k long
+
 # The admin in the browser on that Django 6.x (skipped, saying so, without Chromium).
 test-browser-django6: chromium
 	flock $(VENV_DJANGO6).lock $(MAKE) --no-print-directory $(VENV_DJANGO6)/.installed \
@@ -302,10 +317,20 @@ demo-traces: $(DEMO_VENV)/.installed
 	  $(DEMO_VENV)/bin/python manage.py agentrun_demo
 	$(DEMO_VENV)/bin/python -m django_agentrun.testing.telemetry .demo-traces
 
-# The example chat page at http://127.0.0.1:8000/chat/ (user demo, password demo): uvicorn
-# and a Celery worker on Redis (CHAT_ARGS="--redis-url redis://host:6379/0 --port 8001").
+# The example chat page at http://127.0.0.1:$(PORT)/chat/ (user demo, password demo): uvicorn
+# and a Celery worker on Redis at REDIS_URL (make chat PORT=8001 REDIS_URL=redis://host:6379/1;
+# CHAT_ARGS for the command's other options).
+PORT ?= 8000
+REDIS_URL ?= redis://127.0.0.1:6379/0
 chat: install
-	$(PYTHON) manage.py agentrun_chat $(CHAT_ARGS)
+	$(PYTHON) manage.py agentrun_chat --port $(PORT) --redis-url $(REDIS_URL) $(CHAT_ARGS)
+
+# A staff user (a superuser) for the admin, in the chat page's SQLite database, before or
+# after `make chat`: the tables are made first. It asks for a name and a password
+# (ADMIN_ARGS="--noinput" with DJANGO_SUPERUSER_USERNAME, _PASSWORD and _EMAIL set does not).
+admin: install
+	DJANGO_SECRET_KEY=$${DJANGO_SECRET_KEY:-local-admin-only} $(PYTHON) manage.py migrate --no-input -v 0
+	DJANGO_SECRET_KEY=$${DJANGO_SECRET_KEY:-local-admin-only} $(PYTHON) manage.py createsuperuser $(ADMIN_ARGS)
 
 bench: install
 	DATABASE_URL=$(PG_URL) $(PYTHON) bench/run.py

@@ -7,6 +7,13 @@
 - `client_options`: which run options (`agent_options.RUN_OPTIONS`) a request may set; none
   unless named. Server-side callers of `start_run(options=...)` keep full control.
 - A client's deadline never goes past the agent's own time limit (`Agent(deadline=...)`).
+- `run_as`: whose run a fork or a resume asked for by someone other than the run's owner
+  is. "requester" (the default): a fork is theirs and acts with their credentials, and
+  another user's run is not resumed by them (they fork it); "owner": both stay the owner's
+  and act with the owner's credentials (for operators who repair runs for their users).
+
+The start rule is one rule for every way a run of an agent begins on a person's behalf:
+a start, a conversation and its messages, a fork, a resume (`services.authority`).
 """
 
 from __future__ import annotations
@@ -32,6 +39,22 @@ def api_rule(where: str, rule: Any) -> Any:
         f"{where}: api_start must be True, False, a permission name ('app_label.codename') "
         "or a callable (user) -> bool"
     )
+
+
+#: The values of `Agent(run_as=...)`.
+RUN_AS = ("requester", "owner")
+
+
+def run_as_rule(where: str, value: Any) -> str:
+    """`value` if an Agent's `run_as` may be it (ConfigurationError otherwise)."""
+    if value not in RUN_AS:
+        raise ConfigurationError(f"{where}: run_as must be one of {', '.join(RUN_AS)}")
+    return value
+
+
+def acts_for_owner(agent: Any) -> bool:
+    """Whether a fork or resume of a run of `agent` by someone else stays its owner's."""
+    return getattr(agent, "run_as", "requester") == "owner"
 
 
 def option_names(where: str, names: Iterable[str], allowed: Iterable[str]) -> frozenset[str]:
@@ -75,7 +98,7 @@ def capped_deadline(agent: Any, deadline: datetime | None) -> datetime | None:
 
 
 def start_refusal(agent: Any) -> str:
-    """Why the API refuses to start `agent` for a user `may_start_agent` said no to."""
+    """Why `agent` may not be started by a user `may_start_agent` said no to."""
     rule = start_rule(agent)
     if rule is False or rule is None:
         how = "its runs are started by server-side code only (api_start=False)"
@@ -85,4 +108,10 @@ def start_refusal(agent: Any) -> str:
         how = "that needs a signed-in user"
     else:
         how = "its api_start rule does not allow you"
-    return f"You may not start agent {agent.name!r} through the API: {how}."
+    return f"You may not start agent {agent.name!r}: {how}."
+
+
+def unknown_or_refused(name: str) -> str:
+    """What a client who named an agent it may not start is told, the same whether or not
+    the agent exists (its name is not confirmed to whoever may not start it)."""
+    return f"There is no agent {name!r} that you may start."

@@ -13,7 +13,7 @@ from typing import Any
 from django.conf import settings
 from django.utils.module_loading import import_string
 
-from .access import api_rule, option_names
+from .access import api_rule, option_names, run_as_rule
 from .agent_options import (
     RUN_OPTIONS,
     output_schema,
@@ -91,6 +91,7 @@ class Agent:
         context: Callable[[], str] | None = None,
         api_start: bool | str | Callable[[Any], bool] | None = None,
         client_options: Iterable[str] = (),
+        run_as: str = "requester",
         fair_share_key: Callable[[Any], Any] | None = None,
         max_concurrent_runs: int | None = None,
         mcp_servers: list[MCPServer] | tuple[MCPServer, ...] = (),
@@ -176,6 +177,7 @@ class Agent:
         # What API clients may do with it (access.py): start it, set these run options.
         self.api_start = api_rule(f"Agent {name}", api_start)
         self.client_options = option_names(f"Agent {name}", client_options, RUN_OPTIONS)
+        self.run_as = run_as_rule(f"Agent {name}", run_as)
         if max_turns is not None and max_turns < 1:
             raise ConfigurationError(f"Agent {name}: max_turns must be at least 1")
         if repeat_window is not None and repeat_window < 1:

@@ -1,3 +1,4 @@
+import atexit
 import logging
 import threading
 from collections.abc import Iterator
@@ -28,6 +29,9 @@ class AgentRunConfig(AppConfig):
         if not getattr(AgentRunConfig, "_observed", False):
             AgentRunConfig._observed = True
             telemetry.observe_approvals(approvals_waiting)
+            # Runs before the exit hook of a meter provider made in settings (atexit hooks
+            # run last in, first out): its last collection queries nothing.
+            atexit.register(telemetry.quiet_at_exit)
 
 
 def approvals_waiting() -> Iterator[tuple[str, int, float]]:

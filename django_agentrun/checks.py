@@ -265,6 +265,15 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
         )
         for problem in webhooks.problems(s.WEBHOOKS)
     ]
+    found += [
+        checks.Warning(
+            problem,
+            hint="A receiver on this machine or your network: add its host (or network) to "
+            "AGENTRUN_WEBHOOK_ALLOWED_HOSTS, e.g. ['127.0.0.1'] in development.",
+            id="agentrun.W050",
+        )
+        for problem in webhooks.refused_urls(s.WEBHOOKS, s.WEBHOOK_ALLOWED_HOSTS)
+    ]
     try:
         import_string(s.MODEL_CLIENT)
     except ImportError as exc:

@@ -77,6 +77,9 @@ DEFAULTS: dict[str, Any] = {
     "FAIR_SHARE_KEY": None,
     # Conversation messages (a person waits) go ahead of background runs.
     "FAIR_SHARE_INTERACTIVE_FIRST": True,
+    # A background run that has waited this many seconds for the limit goes as if it were
+    # interactive: steady interactive load never starves it.
+    "FAIR_SHARE_AGING_SECONDS": 30.0,
     # At most this many runs of one fair-share key worked at once (holding a lease), across
     # every worker; None: no cap. An Agent's max_concurrent_runs caps its runs likewise.
     "MAX_RUNS_PER_KEY": None,

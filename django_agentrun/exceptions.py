@@ -96,6 +96,13 @@ class MCPUnavailable(AgentRunError):
     code = "mcp_unavailable"
 
 
+class StartRefused(AgentRunError):
+    """You may not start this agent (its `api_start` rule, `AGENTRUN_API_START`), or act
+    with the credentials of another user's run: the API's 403 `permission_denied`."""
+
+    code = "permission_denied"
+
+
 class ConfigurationError(AgentRunError):
     """django-agentrun is misconfigured."""
 

@@ -6,6 +6,11 @@ power cut would: no cleanup, no ack), `raise` raises FailpointError, `sleep:N`
 sleeps N seconds. The engine reads what is armed once per advance of a run (`armed`, at
 its start) and fires a failpoint only when something is: unset, a failpoint costs an
 attribute check.
+
+Every failpoint is also a scheduling point: the schedule explorer of the project's tests
+(tests/explorer) installs a scheduler (`set_scheduler`) that each failpoint, and each
+`point` (a commit boundary that is not a crash point of its own: a lock taken), calls
+first, so that it can stop the thread there and let another actor move.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 
 from .exceptions import AgentRunError
 
@@ -38,6 +44,7 @@ POINTS: dict[str, str] = {
 }
 
 _parsed: tuple[str, dict[str, str]] = ("", {})
+_scheduler: Callable[[str, str | None], None] | None = None
 
 
 class FailpointError(AgentRunError):
@@ -60,13 +67,31 @@ def _actions() -> dict[str, str]:
     return _parsed[1]
 
 
+def set_scheduler(scheduler: Callable[[str, str | None], None] | None) -> None:
+    """Call `scheduler(name, qualifier)` at every failpoint and `point` (None: stop)."""
+    global _scheduler
+    _scheduler = scheduler
+
+
 def armed() -> dict[str, str]:
-    """What the environment arms now (name or name@qualifier -> action); {} when unset."""
+    """What the environment arms now (name or name@qualifier -> action); {} when unset (a
+    scheduler installed counts as armed: every failpoint is its scheduling point)."""
+    if _scheduler is not None:
+        return {"*": "schedule", **(_actions() if os.environ.get(ENV) else {})}
     return _actions() if os.environ.get(ENV) else {}
+
+
+def point(name: str) -> None:
+    """A scheduling point that is no failpoint (a lock about to be taken): free unless a
+    scheduler is installed."""
+    if _scheduler is not None:
+        _scheduler(name, None)
 
 
 def failpoint(name: str, qualifier: str | None = None) -> None:
     """Fire the failpoint `name` (or `name@qualifier`, e.g. a tool name) if the environment arms it."""
+    if _scheduler is not None:
+        _scheduler(name, qualifier)
     if not os.environ.get(ENV):
         return
     actions = _actions()

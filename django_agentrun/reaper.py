@@ -59,6 +59,7 @@ KINDS = {
     "lease_expired": "its worker died (lease expired): recover in-flight calls, re-enqueue",
     "recovery_exhausted": "crashed too often: fail with recovery_exhausted",
     "not_picked_up": "nobody picked it up (message lost): re-enqueue",
+    "cancel_pending": "parked with a cancel requested (its worker died before applying it): cancel",
 }
 
 # Leases a run may wait for a worker behind a backlog before its wake-up is sent again
@@ -96,6 +97,7 @@ def reap(
     _each(
         report, dry_run, "deadline", base.past_deadline(now).filter(no_live_lease), batch, _time_out
     )
+    _each(report, dry_run, "cancel_pending", base.cancel_pending(), batch, _cancel)
     waiting = ToolCall.objects.approval_expired(now).values("run_id")
     _each(
         report,
@@ -210,6 +212,15 @@ def _time_out_approval(run: Run) -> str:
     transitions.stop_run(write, run, RunState.TIMED_OUT, "approval deadline passed")
     store.send(write)
     return "timed out (approval deadline)"
+
+
+def _cancel(run: Run) -> str:
+    """A cancel requested as the run parked, which the worker that saw it did not live to
+    apply (driver.cancel_parked): nobody holds a parked run, so it applies now."""
+    write = store.Write(run)
+    transitions.stop_run(write, run, RunState.CANCELLED, run.cancel_reason or "cancelled")
+    store.send(write)
+    return "cancelled (requested as it parked)"
 
 
 def _exhausted(run: Run) -> str:

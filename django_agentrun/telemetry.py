@@ -472,12 +472,25 @@ def execute_tool(call: Any, side_effect: str) -> ToolSpan:
 # -- approvals waiting (an observable gauge; the query is the host app's) -------------------
 
 
+_EXITING: list[bool] = []
+
+
+def quiet_at_exit() -> None:
+    """The process is ending (an `atexit` hook, registered when the app is ready): the
+    approval gauges report nothing from now on, so that a meter provider's last collection
+    at its shutdown reads no database (`manage.py collectstatic` in a build without one)."""
+    _EXITING.append(True)
+
+
 def observe_approvals(query: Callable[[], Iterable[tuple[str, int, float]]]) -> None:
     """Report, at each collection, the approvals waiting per agent and the oldest one's age
-    in seconds: `query()` gives (agent, count, oldest age) rows."""
+    in seconds: `query()` gives (agent, count, oldest age) rows; none once the process is
+    exiting (`quiet_at_exit`)."""
     failed: list[bool] = []
 
     def rows() -> list[tuple[str, int, float]]:
+        if _EXITING:
+            return []
         try:
             return list(query())
         except Exception:  # noqa: BLE001 - a collection must never raise

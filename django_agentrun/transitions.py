@@ -39,7 +39,8 @@ def wake(write: Write, run_id: Any) -> None:
 
 
 def signal_after(write: Write, signal: Any, **kwargs: Any) -> None:
-    write.then(lambda: signal.send(sender=Run, **kwargs))
+    """Send `signal` after the write commits (robustly: signals.send)."""
+    write.then(lambda: signals.send(signal, sender=Run, **kwargs))
 
 
 def _ended(write: Write, run: Run) -> None:

@@ -90,7 +90,9 @@ def on_commit(run_id: Any) -> None:
     if batch is None or not batch.current(connection):
         batch = _batches[connection] = _Batch(connection)
     batch.ids.append(str(run_id))
-    transaction.on_commit(partial(batch.send, str(run_id)))
+    # robust: one callback's error is logged and never skips the rest (as all after-commit
+    # work: the signals, the outbox's dispatch, the stream nudge).
+    transaction.on_commit(partial(batch.send, str(run_id)), robust=True)
 
 
 # An announcement expires this long (or a lease, if longer) after its publisher last made
@@ -117,7 +119,7 @@ class _Batch:
         self.touched = 0.0
         self.sent = 0
         self.index = len(connection.run_on_commit)  # where its first callback sits
-        transaction.on_commit(self.committed)
+        transaction.on_commit(self.committed, robust=True)
 
     def current(self, connection: Any) -> bool:
         """Whether this batch belongs to the connection's transaction still (not to one

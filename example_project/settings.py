@@ -126,14 +126,28 @@ CELERY_BEAT_SCHEDULE = {
     },
 }
 
+# Every write authenticated by a cookie or by Basic credentials (which a browser keeps and
+# sends by itself) passes Django's CSRF check: sessions through DRF's own class, Basic
+# through the demo's (demo/auth.py: JSON, which no other site's page can send, or a token).
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "rest_framework.authentication.SessionAuthentication",
-        "rest_framework.authentication.BasicAuthentication",
+        "example_project.demo.auth.BasicAuthenticationWithCSRF",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
 }
+# The OpenAPI document (/api/schema/ and the app's own <mount>/schema/) for signed-in users
+# only; DJANGO_PUBLIC_SCHEMA=1 serves /api/schema/ to anyone.
+SPECTACULAR_SETTINGS = {
+    "SERVE_PERMISSIONS": [
+        "rest_framework.permissions.AllowAny"
+        if os.environ.get("DJANGO_PUBLIC_SCHEMA") == "1"
+        else "rest_framework.permissions.IsAuthenticated"
+    ],
+}
+LOGIN_REDIRECT_URL = "/chat/"
+LOGOUT_REDIRECT_URL = "/accounts/login/"
 
 AGENTRUN_MODEL_CLIENT = os.environ.get(
     "AGENTRUN_MODEL_CLIENT", "django_agentrun.clients.anthropic.AnthropicModelClient"

@@ -14,6 +14,8 @@ urlpatterns = [
     # The chat page (example_project/demo): it needs the ASGI server for its live stream.
     path("chat/", chat, name="chat"),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+    # A POST (Django's LogoutView takes no GET): the chat page's button; the admin has its own.
+    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
 ]
 if settings.SERVE_STATIC:
     # Static files under uvicorn too, DEBUG on or off (see SERVE_STATIC in settings.py).

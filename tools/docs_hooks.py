@@ -115,5 +115,10 @@ def on_files(files: Files, config: Any) -> Files:
         "reference/openapi.md": operations_page(schema),
     }
     for uri, content in generated.items():
+        # docs/ keeps a stub of each Markdown page for readers of the repository on a forge
+        # (where links to it must not break); the site has the page itself.
+        stub = files.get_file_from_path(uri)
+        if stub is not None:
+            files.remove(stub)
         files.append(File.generated(config, uri, content=content))
     return files

@@ -6,7 +6,7 @@
 3. List each archive against the package's files in the tree: a file under
    django_agentrun/ (bytecode aside) that an archive lacks fails the check, by name.
 4. Per archive, a fresh virtualenv on the Python given (3.13 in `make test`), the archive
-   installed into it with the `postgres` and `pytest` extras, then the fresh-project test
+   installed into it with the `postgres`, `pytest` and `telemetry` extras, then the fresh-project test
    (tests/workers/test_fresh_project.py) with the project's processes on that virtualenv:
    the whole module for the wheel; `check` and one run for the sdist.
 
@@ -38,7 +38,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "django_agentrun"
-EXTRAS = "postgres,pytest"
+EXTRAS = "postgres,pytest,telemetry"
 FRESH_PROJECT = "tests/workers/test_fresh_project.py"
 # What the sdist must pass at least: the project starts, `check` is clean, a run completes.
 SDIST_TESTS = "runs_the_package_under_test or from_the_readme_to_a_completed_run"

@@ -167,6 +167,7 @@ class RunActionsMixin(ServiceActionsMixin):
     def resume_selected(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
         def resume(run: Run) -> Any:
             check_may_act(request, run, "resume")
+            services.check_begin(request.user, run, "resume")
             return services.resume_run(run, by=request.user)
 
         self.apply_each(

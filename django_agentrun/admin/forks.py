@@ -1,7 +1,8 @@
 """Forking a run from one of its turns, from the run's page: "Fork from this turn" opens a
 confirmation page (what is copied, what is asked again, whose run it is); confirming it
 POSTs to `services.fork_run` and opens the new run. Who may: the run's owner, or a user
-with `agentrun.cancel_run`, as in the API."""
+with `agentrun.cancel_run`, whom the agent's start rule lets start it, as in the API
+(`services.check_begin`); the fork is theirs."""
 
 from __future__ import annotations
 
@@ -44,6 +45,10 @@ class ForkViewsMixin:
         (none if the user may not fork this run)."""
         if not can_act_on_run(request.user, run):
             return {}
+        try:
+            services.check_begin(request.user, run, "fork")
+        except AgentRunError:
+            return {}
         return {p.turn: fork_url(run, p.turn) for p in services.fork_points(run) if p.allowed}
 
     def fork_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
@@ -55,6 +60,7 @@ class ForkViewsMixin:
         try:
             turn = int(raw or "")
             check_may_act(request, run, "fork")
+            services.check_begin(request.user, run, "fork")
             points = services.fork_points(run)
             if not 0 <= turn < len(points):
                 raise ValueError
@@ -91,6 +97,7 @@ class ForkViewsMixin:
             "title": _("Fork run %(run)s from turn %(turn)d")
             % {"run": str(run.pk)[:8], "turn": turn},
             "run": run,
+            "fork_owner": services.fork_owner(run, request.user),
             "turn": turn,
             "copied_turns": turn,
             "copied_calls": copied,

@@ -281,6 +281,7 @@ class RunAdmin(
         run = self._get_run(request, object_id)
         try:
             check_may_act(request, run, "resume")
+            services.check_begin(request.user, run, "resume")
             run = services.resume_run(run, by=request.user)
         except AgentRunError as exc:
             self.message_user(request, f"Run {run.pk}: {exc}", messages.ERROR)

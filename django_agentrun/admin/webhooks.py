@@ -3,16 +3,19 @@ outbox's deliveries (read-only, their tries inline, a resend action)."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
 from django.http import HttpRequest
+from django.utils.html import format_html
+from django.utils.translation import ngettext
 
 from .. import webhooks
 from ..models import WebhookAttempt, WebhookSubscription
 from ..permissions import can_manage_webhooks
+from ..webhooks.signing import MIN_SECRET_BYTES, secret_problem
+from .display import when
 
 
 class SubscriptionForm(forms.ModelForm):
@@ -35,27 +38,29 @@ class SubscriptionForm(forms.ModelForm):
             field.required = False
             field.show_hidden_initial = False  # (a callable default's hidden copy of it)
             field.widget = forms.PasswordInput(render_value=False, attrs={"autocomplete": "off"})
-            field.help_text = (
-                f"Set; it ends in …{self.instance.secret[-4:]}. Leave blank to keep it, or "
-                "enter a new one (whsec_ and base64) and give it to the receiver."
+            # The admin renders help text as HTML: the secret's end is escaped.
+            field.help_text = format_html(
+                "Set; it ends in …{}. Leave blank to keep it, or enter a new one (whsec_ and "
+                "the base64 of at least {} random bytes) and give it to the receiver.",
+                self.instance.secret[-4:],
+                MIN_SECRET_BYTES,
             )
 
     def clean_secret(self) -> str:
         secret = self.cleaned_data["secret"]
         if not secret and self.instance.pk is not None:
             return self.instance.secret
-        try:
-            webhooks.headers(secret, "msg_check", datetime.fromtimestamp(0, UTC), b"")
-        except Exception as exc:  # noqa: BLE001 - the library's words for a bad secret
+        problem = secret_problem(secret)
+        if problem is not None:
             raise forms.ValidationError(
-                "A Standard Webhooks secret: whsec_ and base64 (leave the default)."
-            ) from exc
+                f"{problem[0].upper()}{problem[1:]} (or leave the default)."
+            )
         return secret
 
 
 class SubscriptionAdmin(admin.ModelAdmin):
     form = SubscriptionForm
-    list_display = ("name", "url", "events", "active", "updated_at")
+    list_display = ("name", "url", "events", "active", "updated")
     list_filter = ("active",)
     search_fields = ("name", "url")
 
@@ -74,6 +79,10 @@ class SubscriptionAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return can_manage_webhooks(request.user)
 
+    @admin.display(description="updated at", ordering="updated_at")
+    def updated(self, obj: Any) -> str:
+        return when(obj.updated_at)  # the admin's one date format
+
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
         super().save_model(request, obj, form, change)
         webhooks.forget_subscriptions()
@@ -86,7 +95,7 @@ class AttemptInline(admin.TabularInline):
     fields = readonly_fields = (
         "cycle",
         "number",
-        "started_at",
+        "started",
         "duration_ms",
         "status_code",
         "error",
@@ -99,6 +108,10 @@ class AttemptInline(admin.TabularInline):
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
+    @admin.display(description="started at")
+    def started(self, obj: Any) -> str:
+        return when(obj.started_at)
+
 
 @admin.action(description="Resend the selected deliveries (same webhook id)")
 def resend(modeladmin: Any, request: HttpRequest, queryset: Any) -> None:
@@ -106,7 +119,16 @@ def resend(modeladmin: Any, request: HttpRequest, queryset: Any) -> None:
         modeladmin.message_user(request, "You may not resend deliveries.", messages.ERROR)
         return
     count = webhooks.resend(list(queryset))
-    modeladmin.message_user(request, f"{count} deliveries will be sent again.", messages.SUCCESS)
+    modeladmin.message_user(
+        request,
+        ngettext(
+            "%(count)d delivery will be sent again.",
+            "%(count)d deliveries will be sent again.",
+            count,
+        )
+        % {"count": count},
+        messages.SUCCESS,
+    )
 
 
 class DeliveryAdmin(admin.ModelAdmin):
@@ -117,8 +139,8 @@ class DeliveryAdmin(admin.ModelAdmin):
         "subscription",
         "status",
         "attempts",
-        "next_attempt_at",
-        "created_at",
+        "next_try",
+        "created",
     )
     list_filter = ("status", "kind", "event_type")
     search_fields = ("webhook_id", "subscription", "url")
@@ -141,6 +163,14 @@ class DeliveryAdmin(admin.ModelAdmin):
     )
     inlines = [AttemptInline]
     actions = [resend]
+
+    @admin.display(description="next attempt at", ordering="next_attempt_at")
+    def next_try(self, obj: Any) -> str:
+        return when(obj.next_attempt_at)
+
+    @admin.display(description="created at", ordering="created_at")
+    def created(self, obj: Any) -> str:
+        return when(obj.created_at)
 
     def has_module_permission(self, request: HttpRequest) -> bool:
         return can_manage_webhooks(request.user)

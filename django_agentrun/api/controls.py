@@ -1,5 +1,6 @@
 """The agent author's controls (`django_agentrun.access`) as the API applies them: who may
-start an agent (403 `permission_denied`), which run options a request may set (400 naming
+start an agent (403 `permission_denied`, asked of `services.authority`, the one rule for
+every way a run begins), which run options a request may set (400 naming
 them), a deadline no later than the agent's limit, and the request digest an idempotency
 key is checked against."""
 
@@ -7,12 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from rest_framework.exceptions import PermissionDenied, ValidationError
+from rest_framework.exceptions import ValidationError
 
 from .. import services
-from ..access import capped_deadline, may_start_agent, refused_options, start_refusal
+from ..access import capped_deadline, refused_options
 from ..agent_options import RUN_OPTIONS
-from ..agents import Agent, get_agent, registered_agents
+from ..agents import Agent
 from ..exceptions import InvalidInput, InvalidOption, OptionRefused, UnknownAgent
 from ..models import Run
 from ..services.runs import request_digest
@@ -25,7 +26,8 @@ MCP_UNAVAILABLE = (
 START_ERRORS = {
     400: f"{BODY_ERRORS} An option the agent does not let clients set (`invalid`, "
     "`errors.options`).",
-    403: "The agent's `api_start` rule does not let you start it (`permission_denied`).",
+    403: "No agent of that name that you may start: the agent's `api_start` rule does not "
+    "let you start it, or there is none (`permission_denied`, the same for both).",
     422: REUSED_KEY,
     503: MCP_UNAVAILABLE,
 }
@@ -36,7 +38,7 @@ START_FIELDS = ("agent", "input", "metadata", "correlation_id", "deadline", "opt
 def start(user: Any, data: dict[str, Any]) -> tuple[Run, bool]:
     """`POST /runs/`: the run started for a validated body, and whether it existed already
     (the same idempotency key and body: 200 rather than 201)."""
-    agent = startable(user, data["agent"])
+    agent = services.startable(user, data["agent"])
     check_options(agent, data.get("options"))
     key = data.get("idempotency_key")
     # Decides 200 vs 201 only; two racing first requests may both get 201 (same run).
@@ -63,22 +65,6 @@ def start(user: Any, data: dict[str, Any]) -> tuple[Run, bool]:
         field = "options" if isinstance(exc, InvalidOption) else "input"
         raise ValidationError({field: [str(exc)]}) from exc
     return run, existed
-
-
-def startable(user: Any, name: str) -> Agent:
-    """The agent named `name` (the serializer checked it exists), if `user` may start it."""
-    agent = get_agent(name)
-    if not may_start_agent(user, agent):
-        raise PermissionDenied(start_refusal(agent))
-    return agent
-
-
-def check_message(user: Any, name: str) -> None:
-    """A message starts a run too: refused when the agent's rule no longer allows `user`
-    (an agent no longer defined is the service's 400 `unknown_agent`)."""
-    agent = registered_agents().get(name)
-    if agent is not None and not may_start_agent(user, agent):
-        raise PermissionDenied(start_refusal(agent))
 
 
 def check_options(agent: Agent, options: dict[str, Any] | None) -> None:

@@ -103,7 +103,7 @@ class ConversationViewSet(
         body = s.ConversationCreateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         data = body.validated_data
-        controls.startable(request.user, data["agent"])
+        services.startable(request.user, data["agent"])
         conversation = services.start_conversation(
             data["agent"], owner=request.user, policy=data["policy"], metadata=data.get("metadata")
         )
@@ -145,7 +145,7 @@ class ConversationViewSet(
         body = s.MessageSerializer(data=request.data, context={"request": request})
         body.is_valid(raise_exception=True)
         data = body.validated_data
-        controls.check_message(request.user, conversation.agent)
+        services.check_begin(request.user, conversation, "send a message to")
         key = data.get("idempotency_key")
         # Decides 200 vs 201 only (the service returns the first run either way).
         existed = key is not None and Run.objects.filter(owner=request.user, idempotency_key=key)

@@ -34,6 +34,7 @@ from ..exceptions import (
     InvalidToken,
     InvalidTransition,
     MCPUnavailable,
+    StartRefused,
     UnknownAgent,
 )
 from ..services import lost_race
@@ -48,6 +49,8 @@ ERROR_STATUS: dict[type[AgentRunError], int] = {
     ApprovalError: status.HTTP_409_CONFLICT,
     InvalidTransition: status.HTTP_409_CONFLICT,
     ConcurrentUpdate: status.HTTP_409_CONFLICT,
+    # The agent's start rule (services.authority), or another user's credentials.
+    StartRefused: status.HTTP_403_FORBIDDEN,
     # A key replayed with another body, as payment APIs answer it.
     IdempotencyConflict: status.HTTP_422_UNPROCESSABLE_ENTITY,
     # An MCP server the agent lists its tools from did not answer: try again later.

@@ -12,12 +12,17 @@ import asyncio
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from importlib import import_module
 from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import connections
 from django.db.models import Max, Q
+from django.utils.crypto import constant_time_compare
 from rest_framework import exceptions
+from rest_framework.authentication import SessionAuthentication
 from rest_framework.request import Request
 from rest_framework.settings import api_settings
 
@@ -61,39 +66,80 @@ def short_read(func: Callable[..., T]) -> Callable[..., Any]:
     return sync_to_async(closing, thread_sensitive=False)
 
 
+Refusal = tuple[int, str, str, dict[str, str]]
+
+
 @short_read
-def authenticate(request: Any) -> tuple[Any, tuple[int, str, str, dict[str, str]] | None]:
-    """(user, None), or (None, the refusal) as the API's views decide it: the project's DRF
-    authentication classes in order, then IsAuthenticated (401 with the first class's
-    challenge, else 403)."""
+def authenticate(request: Any) -> tuple[Any, str | None, Refusal | None]:
+    """(user, its session's key or None, None), or (None, None, the refusal) as the API's
+    views decide it: the project's DRF authentication classes in order, then
+    IsAuthenticated (401 with the first class's challenge, else 403). The session's key
+    when a session authenticated the user: the stream lives only as long as it does."""
     authenticators = [cls() for cls in api_settings.DEFAULT_AUTHENTICATION_CLASSES]
     drf_request = Request(request, authenticators=authenticators)
     try:
         user = drf_request.user
         if user is not None and user.is_authenticated:
-            return user, None
+            session = None
+            if isinstance(drf_request.successful_authenticator, SessionAuthentication):
+                session = getattr(getattr(request, "session", None), "session_key", None)
+            return user, session, None
         exc: exceptions.APIException = exceptions.NotAuthenticated()
     except exceptions.APIException as failed:
         exc = failed
     challenge = authenticators[0].authenticate_header(drf_request) if authenticators else None
     body = error_body(exc)
     if challenge and isinstance(exc, exceptions.NotAuthenticated | exceptions.AuthenticationFailed):
-        return None, (401, body["code"], body["detail"], {"WWW-Authenticate": challenge})
+        return None, None, (401, body["code"], body["detail"], {"WWW-Authenticate": challenge})
     status = 403 if exc.status_code == 401 else exc.status_code
-    return None, (status, body["code"], body["detail"], {})
+    return None, None, (status, body["code"], body["detail"], {})
 
 
 @short_read
-def may_see(what: str, ident: Any, user_id: Any) -> bool:
+def may_see(what: str, ident: Any, user_id: Any, session_key: str | None = None) -> bool:
     """Whether the user `user_id` may still see the run (or conversation) `ident`: still
-    there, still active, and allowed (read afresh: permissions are not cached across calls)."""
+    there, still active, and allowed (read afresh: permissions are not cached across calls);
+    and, for a stream a session opened, whether that session is still theirs (`session_valid`)."""
     from django.contrib.auth import get_user_model
 
     user = get_user_model()._default_manager.filter(pk=user_id).first()
     if user is None or not getattr(user, "is_active", True):
         return False
+    if session_key is not None and not session_valid(session_key, user):
+        return False
     model = Run if what == "run" else Conversation
     return model.objects.visible_to(user).filter(pk=ident).exists()
+
+
+def session_valid(key: str, user: Any) -> bool:
+    """Whether the session `key` still signs `user` in, as django.contrib.auth's get_user
+    decides it on each request (without its side effects): the session exists and has not
+    expired (a logout flushed it), names this user and a configured backend that still
+    returns them, and carries the auth hash of the user's current password (a password
+    changed elsewhere; SECRET_KEY_FALLBACKS too)."""
+    from django.contrib import auth
+
+    store = import_module(settings.SESSION_ENGINE).SessionStore(key)
+    try:
+        user_id = user._meta.pk.to_python(store[auth.SESSION_KEY])
+        backend_path = store[auth.BACKEND_SESSION_KEY]
+    except (KeyError, ValidationError):
+        return False
+    if user_id != user.pk or backend_path not in settings.AUTHENTICATION_BACKENDS:
+        return False
+    current = auth.load_backend(backend_path).get_user(user_id)
+    if current is None:
+        return False
+    if not hasattr(current, "get_session_auth_hash"):
+        return True
+    stored = store.get(auth.HASH_SESSION_KEY)
+    if not stored:
+        return False
+    hashes = [current.get_session_auth_hash()]
+    fallbacks = getattr(current, "get_session_auth_fallback_hash", None)
+    if fallbacks is not None:
+        hashes.extend(fallbacks())
+    return any(constant_time_compare(stored, value) for value in hashes)
 
 
 Cursor = tuple[int, int]  # (a run's position in its conversation, or 0; an event's seq)

@@ -11,8 +11,10 @@ of the thread Django gave the request for its synchronous parts, and waits on th
 sends (one read per nudge for all the process's streams of it); without Redis it reads
 the database every AGENTRUN_STREAM_POLL_SECONDS.
 
-Bounds: the user is checked again (still active, still allowed to see it) every
-AGENTRUN_STREAM_RECHECK_SECONDS, and the stream ends at once when not; it lives at most
+Bounds: the user is checked again (still active, still allowed to see it, and for a
+stream a session opened, that session still theirs: not logged out, expired, nor signed
+by a password changed since) every AGENTRUN_STREAM_RECHECK_SECONDS, and the stream ends
+at once when not; it lives at most
 AGENTRUN_STREAM_MAX_SECONDS, then ends without its end (the client reconnects with its
 cursor); a user holds at most AGENTRUN_STREAM_MAX_PER_USER streams (429 beyond); a client
 that does not read is let go once AGENTRUN_STREAM_BUFFER_ENTRIES deltas wait for it.
@@ -26,7 +28,9 @@ followed, never anything twice, then the current turn's deltas from the start of
 answer. A run that rests (completed, failed, cancelled, timed out, or waiting for a
 person) ends its stream once everything is sent (a conversation's, once every run of it
 rests); with nothing after the cursor it answers 204 (EventSource stops reconnecting; the
-AI SDK reads "no active stream"). A client that disconnects cancels nothing.
+AI SDK reads "no active stream"). A client that disconnects cancels nothing. `HEAD` answers
+at once with the headers a `GET` would start with (it opens no stream, takes no place);
+any other method is a JSON 405 (the views are exempt from CSRF: they change nothing).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from typing import Any
 
 from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.views.decorators.csrf import csrf_exempt
 
 from .. import streams
 from ..conf import agentrun_settings
@@ -80,7 +85,12 @@ def choose_format(request: HttpRequest) -> str | None:
 def preflight(request: HttpRequest) -> tuple[str | None, HttpResponse | None]:
     """The format asked for, or the refusal (405, 406)."""
     if request.method not in ("GET", "HEAD"):
-        return None, error(405, "method_not_allowed", f'Method "{request.method}" not allowed.')
+        return None, error(
+            405,
+            "method_not_allowed",
+            f'Method "{request.method}" not allowed.',
+            {"Allow": "GET, HEAD"},
+        )
     fmt = choose_format(request)
     if fmt is None:
         return None, error(
@@ -103,6 +113,7 @@ def bad_cursor(exc: Exception) -> HttpResponse:
     )
 
 
+@csrf_exempt  # reads only: a POST is the JSON 405, not the CSRF page
 async def run_stream(request: HttpRequest, pk: str) -> HttpResponse:
     """The live stream of run `pk` (see the module's docstring)."""
     return await _open(
@@ -115,6 +126,7 @@ async def run_stream(request: HttpRequest, pk: str) -> HttpResponse:
     )
 
 
+@csrf_exempt
 async def conversation_stream(request: HttpRequest, pk: str) -> HttpResponse:
     """The live stream of conversation `pk`: its runs one after the other, each durable
     event's id `<position>-<seq>`; it follows the conversation from run to run (a message
@@ -144,7 +156,7 @@ async def _open(
         after = parse(cursor_value(request))
     except streams.InvalidCursor as exc:
         return bad_cursor(exc)
-    user, refusal = await reads.authenticate(request)
+    user, session, refusal = await reads.authenticate(request)
     if refusal is not None:
         return error(*refusal)
     try:
@@ -152,12 +164,14 @@ async def _open(
     except ValueError:
         return error(404, "not_found", f"No such {what}.")
     source = source_of(ident)
-    source.what, source.user_id = what, user.pk
+    source.what, source.user_id, source.session = what, user.pk, session
     first = await source.read(ident, user, after, first=True)
     if first is None:
         return error(404, "not_found", f"No such {what}.")
     if first.resting and not first.events:
         return HttpResponse(status=204)
+    if request.method == "HEAD":
+        return with_headers(HttpResponse(), formats[fmt](ident))
     asgi = isinstance(request, ASGIRequest)
     lease = Lease(asgi)
     place = await limits.take(user.pk, lease.lapse)
@@ -185,6 +199,7 @@ class Source:
         self.cursor_text = cursor_text  # the SSE id of a cursor
         self.what = "run"  # run | conversation
         self.user_id: Any = None  # whose stream it is (checked again while it is open)
+        self.session: str | None = None  # the session that opened it, if one did
 
 
 def respond(
@@ -193,7 +208,12 @@ def respond(
     """The stream: an async iterator under ASGI, a synchronous one under WSGI."""
     body = _stream(fmt, source, after, first, lease)
     content = body if lease.asgi else SyncStream(body, lease)
-    response = StreamingHttpResponse(content, content_type="text/event-stream; charset=utf-8")
+    return with_headers(StreamingHttpResponse(content), fmt)
+
+
+def with_headers(response: HttpResponse, fmt: Any) -> HttpResponse:
+    """`response` with a stream's headers (a HEAD's has them too, and no body)."""
+    response["Content-Type"] = "text/event-stream; charset=utf-8"
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
     response["Vary"] = "Accept, Cookie, Authorization"
@@ -268,7 +288,7 @@ async def _follow(
                 yield chunk
             return
         if now >= lease.next_check:
-            if not await reads.may_see(source.what, source.ident, source.user_id):
+            if not await reads.may_see(source.what, source.ident, source.user_id, source.session):
                 logger.info("Live stream ended: no longer visible key=%s", source.key)
                 return
             await lease.renew()

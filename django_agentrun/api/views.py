@@ -240,14 +240,25 @@ class RunViewSet(
 
     @operation(
         summary="Resume a failed, cancelled or timed-out run",
-        description="The run's owner, or a user with `agentrun.cancel_run`. Takes no body.",
+        description=(
+            "The run's owner, if the agent's `api_start` rule still lets them start it. "
+            "A user with `agentrun.cancel_run` resumes another user's run only when the "
+            "agent's runs act for their owner (`run_as='owner'`); otherwise they fork it. "
+            "Takes no body."
+        ),
         responses={200: s.RunDetailSerializer},
-        errors={409: RUN_CONFLICTS},
+        errors={
+            400: "The run's agent is no longer defined (`unknown_agent`).",
+            403: "Not the run's owner nor a user with `agentrun.cancel_run`; the agent's "
+            "`api_start` rule; or another user's run (`permission_denied`).",
+            409: RUN_CONFLICTS,
+        },
     )
     @action(detail=True, methods=["post"], permission_classes=[IsAuthenticated, CanCancelRun])
     def resume(self, request: Request, pk: str | None = None) -> Response:
         run = self.get_object()
         _ = request.data  # parsed though unused: a malformed body is a 400, as on every POST
+        services.check_begin(request.user, run, "resume")
         return self._detail(services.resume_run(run, by=request.user))
 
 

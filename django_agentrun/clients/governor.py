@@ -17,9 +17,14 @@ keys that expire when unused (nothing to leak when a worker is SIGKILLed):
 - one GCRA "theoretical arrival time" per dimension (requests and input tokens are spent
   before sending; output tokens once known, as a debt the next requests wait for);
 - the fair share: requests waiting (each a member "priority|key|ticket" scored with the
-  time it comes back by) and, per fair-share key, how many requests it was granted. A
-  request waits while a request of a higher priority waits, or of another key that was
-  granted fewer; so runs are served by priority, then fairly across keys.
+  time it comes back by, and the time it was first told to wait) and, per fair-share key,
+  how many requests it was granted. A request waits while a request of a higher priority
+  waits, or of another key that was granted fewer; so runs are served by priority, then
+  fairly across keys. A place in line is kept until the time its request comes back by,
+  and a short while after (RETURN_SLACK, or two intervals of the limit): a run that never
+  comes back (cancelled, timed out, capped) holds nobody back longer. A background request
+  that has waited AGENTRUN_FAIR_SHARE_AGING_SECONDS counts as interactive (it ages), so
+  steady interactive load never starves it.
 
 `admit` answers with a `Verdict`: go (after at most AGENTRUN_GOVERNOR_MAX_WAIT_SECONDS,
 the pacing), or come back after `wait` seconds (the engine parks the run). One Lua script
@@ -46,21 +51,65 @@ HEADER = "anthropic-ratelimit-"
 # waiting x the interval between two requests, times this: its turn, if every waiting run
 # came back in order (sooner costs a claim; later leaves the limit unused).
 SPREAD = 1.0
+# Seconds past the time a request was to come back by that its place in line is kept (at
+# least two intervals of the limit): a run that is not back by then lost its place.
+RETURN_SLACK = 2.0
 # Header dimension -> the governor's short name.
 DIMENSIONS = {"requests": "req", "input-tokens": "in", "output-tokens": "out"}
 
 _ADMIT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+if ARGV[10] ~= '' then now = tonumber(ARGV[10]) end
 local share, prio, ticket = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local cost_in, max_wait, ttl = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local grace, spread = tonumber(ARGV[7]), tonumber(ARGV[8])
+local slack, spread, aging = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
 local lim = {}
 local raw = redis.call('HGETALL', KEYS[1])
 for i = 1, #raw, 2 do lim[raw[i]] = tonumber(raw[i + 1]) end
 if not lim.req_rate and not lim.in_rate and not lim.out_rate
    and not (lim.blocked and lim.blocked > now) then
   return {1, '0'}
+end
+local interval = 1 / (lim.req_rate or 1)
+-- A place in line is kept until its come-back time, and a little after: no longer.
+local keep = math.max(slack, 2 * interval)
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - keep)
+local me = prio .. '|' .. share .. '|' .. ticket
+redis.call('ZREM', KEYS[3], me)
+-- A background request that waited long enough counts as interactive (it ages).
+local function level(p, tk)
+  if p > 0 then
+    local since = tonumber(redis.call('HGET', KEYS[5], tk) or '')
+    if since and now - since >= aging then return 0 end
+  end
+  return p
+end
+local mine_level = level(prio, ticket)
+local mine = tonumber(redis.call('HGET', KEYS[4], share) or '0')
+-- The requests ahead of this one (a higher priority, or a key granted fewer) that come
+-- back about now: the limit keeps room for them. One due later holds nothing back yet.
+local reserve, keys, floor, n_mine, n_keys = 0, {}, nil, 1, 1
+local listed = redis.call('ZRANGE', KEYS[3], 0, -1, 'WITHSCORES')
+for i = 1, #listed, 2 do
+  local m, due = listed[i], tonumber(listed[i + 1])
+  local p, s, tk = string.match(m, '^(%d+)|([^|]*)|(.*)$')
+  p = level(tonumber(p), tk)
+  local ahead = false
+  if p < mine_level then
+    ahead = true
+  elseif p == mine_level then
+    if s == share then n_mine = n_mine + 1 elseif not keys[s] then
+      keys[s] = true
+      n_keys = n_keys + 1
+      local v = tonumber(redis.call('HGET', KEYS[4], s) or '0')
+      if floor == nil or v < floor then floor = v end
+    end
+    if s ~= share and tonumber(redis.call('HGET', KEYS[4], s) or '0') < mine then
+      ahead = true
+    end
+  end
+  if ahead and due <= now + interval then reserve = reserve + 1 end
 end
 local wait, news = 0, {}
 if lim.blocked and lim.blocked > now then wait = lim.blocked - now end
@@ -71,7 +120,11 @@ for dim, cost in pairs({req = 1, ['in'] = cost_in}) do
     local tat = tonumber(redis.call('HGET', KEYS[2], dim) or '0')
     if tat < now then tat = now end
     news[dim] = tat + cost / rate
-    if news[dim] - burst / rate - now > wait then wait = news[dim] - burst / rate - now end
+    -- Room for this request after the requests held room for (requests only).
+    local held = dim == 'req' and reserve / rate or 0
+    if news[dim] + held - burst / rate - now > wait then
+      wait = news[dim] + held - burst / rate - now
+    end
   end
 end
 if lim.out_rate and lim.out_rate > 0 then
@@ -80,37 +133,19 @@ if lim.out_rate and lim.out_rate > 0 then
     wait = tat - lim.out_burst / lim.out_rate - now
   end
 end
-redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - grace)
-local me = prio .. '|' .. share .. '|' .. ticket
-redis.call('ZREM', KEYS[3], me)
-local mine = tonumber(redis.call('HGET', KEYS[4], share) or '0')
-local ahead, keys, floor, n_mine, n_keys = false, {}, nil, 1, 1
-for _, m in ipairs(redis.call('ZRANGE', KEYS[3], 0, -1)) do
-  local p, s = string.match(m, '^(%d+)|([^|]*)|')
-  p = tonumber(p)
-  if p < prio then
-    ahead = true
-  elseif p == prio then
-    if s == share then n_mine = n_mine + 1 elseif not keys[s] then
-      keys[s] = true
-      n_keys = n_keys + 1
-      local v = tonumber(redis.call('HGET', KEYS[4], s) or '0')
-      if v < mine then ahead = true end
-      if floor == nil or v < floor then floor = v end
-    end
-  end
-end
-if not ahead and wait <= max_wait then
+if wait <= max_wait + 1e-6 then
   for dim, new in pairs(news) do redis.call('HSET', KEYS[2], dim, tostring(new)) end
   if floor ~= nil and floor > mine then mine = floor end
   redis.call('HSET', KEYS[4], share, tostring(mine + 1))
-  for i = 2, 4 do redis.call('EXPIRE', KEYS[i], ttl) end
+  redis.call('HDEL', KEYS[5], ticket)
+  for i = 2, 5 do redis.call('EXPIRE', KEYS[i], ttl) end
   return {1, tostring(wait)}
 end
-local interval = 1 / (lim.req_rate or 1)
 local back = math.max(wait, n_mine * n_keys * interval * spread, interval)
 redis.call('ZADD', KEYS[3], now + back, me)
+redis.call('HSETNX', KEYS[5], ticket, tostring(now))
 redis.call('EXPIRE', KEYS[3], ttl)
+redis.call('EXPIRE', KEYS[5], ttl)
 return {0, tostring(back)}
 """
 
@@ -221,10 +256,13 @@ def share_of(admission: dict[str, Any]) -> tuple[str, int, str]:
 class Governor:
     """The account's limits in Redis (see the module's docstring)."""
 
-    def __init__(self, url: str, prefix: str = "agentrun:gov") -> None:
+    def __init__(self, url: str, prefix: str = "agentrun:gov", clock: Any = None) -> None:
         import redis
 
         self.prefix = prefix
+        # Seconds since the epoch, or None: Redis's clock (every worker agrees on it). A
+        # clock of its own is for tests that play time forward (tests/explorer).
+        self.clock = clock
         self._redis = redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
         self._admit = self._redis.register_script(_ADMIT)
         self._learn = self._redis.register_script(_LEARN)
@@ -232,7 +270,13 @@ class Governor:
 
     def _keys(self, scope: str, model: str) -> list[str]:
         base = f"{self.prefix}:{scope}:{model}"
-        return [f"{base}:limits", f"{base}:tat", f"{base}:waiting", f"{base}:granted"]
+        return [
+            f"{base}:limits",
+            f"{base}:tat",
+            f"{base}:waiting",
+            f"{base}:granted",
+            f"{base}:since",
+        ]
 
     def admit(
         self, scope: str, model: str, admission: dict[str, Any] | None, input_tokens: int
@@ -248,8 +292,10 @@ class Governor:
             input_tokens,
             float(s.GOVERNOR_MAX_WAIT_SECONDS),
             int(s.GOVERNOR_TTL_SECONDS),
-            float(s.LEASE_SECONDS) + 10.0,  # a parked run comes back within this, or left
+            RETURN_SLACK,
             SPREAD,
+            float(s.FAIR_SHARE_AGING_SECONDS),
+            "" if self.clock is None else repr(float(self.clock())),
         ]
         try:
             go, wait = self._admit(keys=self._keys(scope, model), args=args)

@@ -6,6 +6,7 @@ first (the turn limit, the budget)."""
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from django.db import transaction
 
@@ -19,20 +20,28 @@ from ..identity import holder_is_dead
 from ..models import Run, Turn
 from ..states import TOOL_CALL_CLOSED, RunState
 from . import guards
+from .follows import At, Ended, commit_of
 from .history import build_messages
-from .step import At, Commit, Ended, Sent, Step, commit_of
+from .step import Commit, Sent, Step
 
 logger = logging.getLogger(__name__)
 
 
-def claim(step: Step) -> Commit | None:
+@dataclass(frozen=True)
+class Capped:
+    """What a claim over a cap returns: the cap (store/caps.py) it found full."""
+
+    share: store.Share
+
+
+def claim(step: Step) -> Commit | Capped | None:
     """Claim the run and decide at the claim, in one transaction; the commit of what was
-    decided (a Commit whose write is sent already), or None: someone else holds the run,
-    or there is nothing to advance."""
+    decided (a Commit whose write is sent already), Capped (the run waits for a slot under
+    a cap), or None: someone else holds the run, or there is nothing to advance."""
     with transaction.atomic():
-        step.capped = _over_cap(step)
-        if step.capped is not None:
-            return None
+        capped = _over_cap(step)
+        if capped is not None:
+            return Capped(capped)
         claimed = store.claim(step.run_id, step.owner, steal_from=step.steal_from)
         if claimed is None:
             claimed = _from_dead_holder(step)

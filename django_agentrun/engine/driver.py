@@ -34,8 +34,9 @@ from ..models import Run, ToolCall, Turn
 from ..outcomes import CallEnding
 from ..states import ResultSource, RunState, ToolCallState
 from . import claim, execution, model_turn
+from .follows import FOLLOWS, At, Ended, Facts, commit_of, interrupted
 from .heartbeat import Heartbeat
-from .step import FOLLOWS, At, Commit, Ended, Sent, Step, Then, commit_of, interrupted
+from .step import Commit, Sent, Step, Then
 
 logger = logging.getLogger(__name__)
 
@@ -93,9 +94,9 @@ def drive(step: Step, *, heartbeat: bool = False) -> str:
     before = time.time()
     commit = claim.claim(step)
     if commit is None:
-        if step.capped is None:
-            return Outcome.NOT_CLAIMED
-        column, value, cap = step.capped
+        return Outcome.NOT_CLAIMED
+    if isinstance(commit, claim.Capped):
+        column, value, cap = commit.share
         delay = agentrun_settings.CAPPED_RETRY_SECONDS * (1 + random.random() / 2)
         logger.info(
             "The cap of %s %s (%s) is reached: waits %.1fs run_id=%s",
@@ -169,6 +170,7 @@ def _send_all(step: Step, commit: Commit) -> Commit:
     """Send each commit and ask for the next while the run goes on here; the last one
     (what follows it is not `GO_ON`)."""
     answered: Answered | None = None
+    read_again = 0  # refusals in a row that the lease survived (each closes a call: few)
     while True:
         if commit.write is None:
             return commit  # stop, writing nothing
@@ -178,12 +180,19 @@ def _send_all(step: Step, commit: Commit) -> Commit:
                     step.store.send(commit.write)
                 except DatabaseError as exc:
                     _send_again(step, commit.write, exc)
-            except (LeaseLost, ConcurrentUpdate):
-                # Refused: the run changed meanwhile. A tool that ran keeps its result.
-                if keep_result(step, commit.write):
+            except (LeaseLost, ConcurrentUpdate) as refusal:
+                # Refused: the run changed meanwhile. A tool that ran keeps its result; a
+                # step that still holds the lease goes on from what the database says.
+                kept = keep_result(step, commit.write)
+                read_again += 1
+                if isinstance(refusal, ConcurrentUpdate) and read_again <= 3 and _read_again(step):
+                    commit, answered = _next(step)
+                    continue
+                if kept:
                     reason = f"Run {step.run_id} changed meanwhile; result kept"
                     return Commit.stop(FOLLOWS[At.REFUSED, Ended.RESULT_KEPT].then, reason)
                 raise
+            read_again = 0
         if answered is not None:
             telemetry.answered(step.run, *answered, cost=commit.write.counters.get("cost_usd"))
         if commit.failpoint is not None and step.failpoints:
@@ -193,6 +202,25 @@ def _send_all(step: Step, commit: Commit) -> Commit:
         if commit.write.cancel_requested and not step.abort.cancel_requested:
             step.abort.abort(CANCEL_REQUESTED)
         commit, answered = _next(step)
+
+
+def _read_again(step: Step) -> bool:
+    """A commit was refused though this step still holds the lease: one of its calls was
+    closed meanwhile by a late result (keep_result, of the worker that held the run before).
+    Read the run as it is now and go on from there; False when the lease is not ours."""
+    claimed = store.reread(step.lease)
+    if claimed is None:
+        return False
+    logger.warning(
+        "A call of the run was closed meanwhile (a late result): read again run_id=%s",
+        step.run_id,
+    )
+    # What this step put in flight and did not run went with the refused write.
+    step.run = claimed.run
+    step.load(claimed.turns, claimed.calls)
+    step.started.clear()
+    step.not_started.clear()
+    return True
 
 
 def _send_again(step: Step, write: store.Write, error: DatabaseError) -> None:
@@ -229,8 +257,11 @@ def _send_again(step: Step, write: store.Write, error: DatabaseError) -> None:
 def _next(step: Step) -> tuple[Commit, Answered | None]:
     """The next phase's commit, and the model's answer it records (if it does)."""
     if step.abort.aborted or step.deadline_passed():
-        ctx: dict[str, Any] = {}  # the interruption, met between two commits
-        return commit_of(step, step.write(), At.INTERRUPTED, interrupted(step, ctx), **ctx), None
+        facts = Facts()  # the interruption, met between two commits
+        ended = interrupted(step, facts)
+        write = step.write()
+        known = {"reason": facts.reason, "reread": facts.reread}
+        return commit_of(step, write, At.INTERRUPTED, ended, **known), None
     if step.settle_only:
         commit = execution.settle_only(step, step.turn)
         if commit is None:
@@ -273,10 +304,13 @@ LATE = "the tool returned after its run was stopped or recovered: its result is 
 def keep_result(step: Step, write: store.Write) -> bool:
     """A commit holding tool results that ran (one call's, or a batch's) was refused (a
     cancel stopped the run, or recovery took the lease meanwhile). The tools ran, so each
-    result is recorded anyway on its call as it is now: closing it if it is still open
-    (in_flight, or unknown after recovery: the run then goes on as after a person's
-    decision), or in place of the synthetic result a cancel gave it. False when the commit
-    held no executed result, or another live holder of the run settles its calls."""
+    result is recorded anyway on its call as it is now, whoever holds the run: closing it
+    if it is still open (in_flight in the attempt that ran, or unknown after recovery: the
+    run then goes on as after a person's decision), or in place of the synthetic result a
+    cancel gave it. A holder that was settling the call (the reaper's reconcile check, a
+    take-over) finds its own write refused and reads the run again (_read_again). False
+    when the commit held no executed result, or none could be recorded (a new attempt of
+    the call runs: its holder records that one)."""
     changes = [
         c
         for c in write.changed
@@ -300,9 +334,8 @@ def _keep(kept: store.Write, change: Any, call: ToolCall, run: Run) -> bool:
     """Record one executed result in `kept` (keep_result): whether it is kept."""
     fields = change.fields
     result = StoredResult(fields["result"], fields["result_format"])
-    if call.state == ToolCallState.IN_FLIGHT and run.lease_owner:
-        if run.lease_expires_at is not None and run.lease_expires_at > store.database_now():
-            return False  # its new holder settles it
+    if call.state == ToolCallState.IN_FLIGHT and call.attempt != change.obj.attempt:
+        return False  # run again since (its class allows it): that attempt's result counts
     if call.state in (ToolCallState.IN_FLIGHT, ToolCallState.UNKNOWN):
         outcome = CallEnding(change.obj.state, result, fields["is_error"], ResultSource.EXECUTED)
         transitions.close_call(kept, call, outcome, extra={"late": True})

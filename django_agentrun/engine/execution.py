@@ -31,10 +31,11 @@ from ..exceptions import InvalidContent, ToolCancelled, ToolError, stopping_caus
 from ..failpoints import failpoint
 from ..models import ToolCall, Turn
 from ..outcomes import CallEnding
-from ..states import TOOL_CALL_CLOSED, ResultSource, SideEffect, ToolCallState
+from ..states import TOOL_CALL_CLOSED, ResultSource, ToolCallState
 from ..tools import Tool, ToolContext, batch
 from . import policy
-from .step import FOLLOWS, At, Commit, Ended, Sent, Step, commit_of
+from .follows import FOLLOWS, At, Ended, commit_of, may_start
+from .step import Commit, Sent, Step
 
 logger = logging.getLogger(__name__)
 
@@ -74,14 +75,7 @@ def _open_call(step: Step, turn: Turn, call: ToolCall, tool: Tool | None) -> End
         return Ended.AWAITING_APPROVAL
     if call.state == ToolCallState.IN_FLIGHT:
         return Ended.IN_FLIGHT_FOUND
-    # Requested, and could not start with the commit before it.
-    if tool is None:
-        return Ended.TOOL_GONE
-    if not call.approved and tool.needs_approval(call.arguments, step.run):
-        return Ended.NEEDS_APPROVAL
-    if tool.side_effect == SideEffect.ATOMIC:
-        return Ended.ATOMIC
-    return Ended.STARTS
+    return may_start(step, call, tool)  # requested, and could not start with the commit before
 
 
 def close(
@@ -295,14 +289,15 @@ def run_atomic(step: Step, turn: Turn, call: ToolCall, tool: Tool) -> Commit:
 
     The run row is not locked while the handler runs (the heartbeat renews the lease
     meanwhile); the result's write is fenced by the lease like every other, so if the lease
-    was lost the handler's writes roll back with it."""
+    was lost the handler's writes roll back with it (LeaseLost: the step ends as any whose
+    lease was lost)."""
     with transaction.atomic():
         with transaction.atomic():
             ending = invoke(step, tool, call)
             if ending.is_error:
                 transaction.set_rollback(True)  # the handler's writes, not the result
         commit = close(step, step.write(), turn, call, ending, At.HANDLER, Ended.RESULT)
-        step.store.send(commit.write)
+        step.store.send(commit.write, savepoint=True)
     commit.sent = Sent.WITH_ATOMIC_TOOL
     return commit
 

@@ -37,6 +37,12 @@ class TurnRecord:
         """A text answer cut off at max_tokens: a turn after it continues it."""
         return self.stop_reason == "max_tokens" and not self.results and bool(self.content)
 
+    @property
+    def final(self) -> bool:
+        """A final answer: a turn after it (a run resumed after invalid_structured_output)
+        follows the resume notice."""
+        return self.stop_reason in FINAL and not self.results and bool(self.content)
+
 
 # Between an answer cut off at max_tokens and the turn that continues it (an Agent with
 # continue_on_max_tokens): a user message, valid for every model (current models refuse an
@@ -50,7 +56,10 @@ CONTINUE_NOTICE = (
 # After a final answer that could not be used (a run resumed after
 # invalid_structured_output): a user message, since current models refuse a request that
 # ends with an assistant message (a prefill; "Prefill removal",
-# https://platform.claude.com/docs/en/about-claude/models/whats-new-claude-4-6).
+# https://platform.claude.com/docs/en/about-claude/models/whats-new-claude-4-6). Kept in the
+# history like the turns around it: the turn answered after it was written after it.
+FINAL = ("end_turn", "stop_sequence")  # what a final answer's stop_reason is
+
 RESUME_NOTICE = (
     "Your previous answer could not be used as the final answer: it did not follow the "
     "required output format. Answer again, following it exactly."
@@ -129,12 +138,14 @@ def _add(
     origins: dict[int, tuple[dict[str, Any], TurnRecord]] | None = None,
 ) -> None:
     add_user(messages, user_message(input, context))
-    cut_off = False
+    before: TurnRecord | None = None
     for turn in sorted(turns, key=lambda t: t.index):
         if not turn.content:
             continue  # no response recorded (cancelled or failed before it)
-        if cut_off:
+        if before is not None and before.cut_off:
             add_user(messages, user_message(CONTINUE_NOTICE))
+        elif before is not None and before.final:
+            add_user(messages, user_message(RESUME_NOTICE))
         else:
             # A paused turn is continued by an answer holding its results: not one sent
             # after the final-turn notice (a user message then, not kept in the history).
@@ -145,7 +156,7 @@ def _add(
             origins[id(message)] = (message, turn)
         if turn.results:
             messages.append({"role": "user", "content": list(turn.results)})
-        cut_off = turn.cut_off
+        before = turn
 
 
 def _answered(content: Any) -> set[Any]:

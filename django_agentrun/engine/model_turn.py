@@ -33,6 +33,7 @@ from ..states import TOOL_CALL_CLOSED, ResultSource, SideEffect, ToolCallState, 
 from ..store import Write
 from ..tools import ToolArgumentsError, arguments_hash
 from . import guards
+from .follows import At, Ended, commit_of
 from .history import (
     CONTINUE_NOTICE,
     RESUME_NOTICE,
@@ -47,7 +48,7 @@ from .history import (
     sanitize_content,
     user_message,
 )
-from .step import At, Commit, Ended, Step, commit_of
+from .step import Commit, Step
 
 logger = logging.getLogger(__name__)
 

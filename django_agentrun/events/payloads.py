@@ -39,6 +39,12 @@ def _turn(turn: Any) -> dict[str, Any]:
 # --------------------------------------------------------------------------- runs
 
 
+def context_hook(config: Any) -> str:
+    """The text the agent's context hook gave a run (its configuration snapshot keeps it)."""
+    hook = config.get("context_hook") if isinstance(config, dict) else None
+    return hook if isinstance(hook, str) else ""
+
+
 def run_created(run: Any, owner: Any, *, forked_by: Any = None) -> Event:
     """The agent's configuration is the run's (Run.config), not repeated here. A run of a
     conversation also names it, its place in it and its message's context: its history
@@ -54,6 +60,8 @@ def run_created(run: Any, owner: Any, *, forked_by: Any = None) -> Event:
         "deadline": _iso(run.deadline),
         # start_run(context=...) or the agent's hook; a conversation's run names it anyway.
         **_if(run.context, context=run.context),
+        # The hook's part of it: the author's, left out of what the API shows.
+        **_if(context_hook(run.config), context_hook=context_hook(run.config)),
         **_if(
             run.conversation_id is not None,
             conversation=str(run.conversation_id),

@@ -104,9 +104,24 @@ REDACTED = "[redacted]"
 _REASONING_SECRETS = frozenset({("data", "redacted_thinking"), ("signature", "thinking")})
 
 
+def caller_context(context: Any, hook: Any) -> str:
+    """A run's context as the API shows it: what the caller gave, without the text of the
+    agent's context hook (the author's, like the system prompt: `hook`), which comes first."""
+    if not isinstance(context, str):
+        return ""
+    if not isinstance(hook, str) or not hook:
+        return context
+    if context == hook:
+        return ""
+    return context.removeprefix(hook + "\n\n")
+
+
 def public_payload(type: str, payload: Any) -> dict[str, Any]:
-    """The part of an event's payload the API may show: its type's allowlisted keys."""
+    """The part of an event's payload the API may show: its type's allowlisted keys (a
+    run's context without its agent's hook's text)."""
     shown = _pick(ALLOWLIST.get(type, _UNLISTED), payload)
+    if "context" in shown:
+        shown["context"] = caller_context(shown["context"], payload.get("context_hook"))
     if isinstance(shown.get("content"), list):
         shown["content"] = shown_content(shown["content"])
     return shown

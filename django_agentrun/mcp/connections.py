@@ -22,7 +22,6 @@ import os
 import queue
 import sys
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -34,6 +33,7 @@ from ..exceptions import (
     ToolError,
     ToolOutcomeUnknown,
 )
+from . import http
 from .servers import MCPServer
 
 logger = logging.getLogger(__name__)
@@ -81,6 +81,7 @@ _lock = threading.Lock()
 
 
 def _loop() -> _Loop:
+    http.hide_queries()  # httpx2 logs each request's URL at INFO
     pid = os.getpid()
     with _lock:
         found = _loops.get(pid)
@@ -161,12 +162,12 @@ class Connection:
                     from mcp.client.streamable_http import (  # noqa: PLC0415
                         streamable_http_client,
                     )
-                    from mcp.shared._httpx_utils import create_mcp_http_client  # noqa: PLC0415
 
-                    client = create_mcp_http_client(headers=self.headers)
+                    # Checked and pinned when the server is public_only (http.py).
+                    client, url = http.client(self.server, self.headers)
                     await stack.enter_async_context(client)
                     streams = await stack.enter_async_context(
-                        streamable_http_client(self.server.url_now(), http_client=client)
+                        streamable_http_client(url, http_client=client)
                     )
                 read, write = streams[0], streams[1]
                 # No session-wide read timeout: the open is bounded by connect_timeout, each
@@ -180,7 +181,11 @@ class Connection:
                 ready.set_exception(exc if isinstance(exc, Exception) else ConnectionError(exc))
             if not isinstance(exc, Exception):
                 raise
-            logger.info("MCP server %s: session ended (%r)", self.server.name, exc)
+            logger.info(
+                "MCP server %s: session ended (%s)",
+                self.server.name,
+                http.without_queries(repr(exc)),
+            )
 
     async def close(self) -> None:
         if self._close is not None:
@@ -244,7 +249,17 @@ def list_tools(server: MCPServer, headers: dict[str, str]) -> list[dict[str, Any
         wait = server.connect_timeout + server.timeout + PING_SECONDS
         return loop.submit(listed()).result(timeout=wait)
     except Exception as exc:
-        raise MCPUnavailable(f"MCP server {server.name}: cannot list its tools ({exc!r})") from exc
+        # The detail to the log (URLs without their query strings); the client is told which
+        # server, not what a connection error says about the network behind it.
+        logger.warning(
+            "MCP server %s: cannot list its tools (%s)",
+            server.name,
+            http.without_queries(repr(exc)),
+        )
+        raise MCPUnavailable(
+            f"MCP server {server.name} could not be reached to list its tools: nothing was "
+            "started; try again later."
+        ) from exc
 
 
 def call_tool(
@@ -264,7 +279,7 @@ def call_tool(
     not have acted), and so does the server's timeout, unless `timeout_is_an_answer` (a
     call safe to make again: the model is told it timed out, a ToolError)."""
     loop, conn = connection(server, headers)
-    sent = threading.Event()
+    state = CallState()
     mcp = sdk()
 
     # Progress is handed to this (the handler's) thread: its heartbeat writes through this
@@ -279,34 +294,33 @@ def call_tool(
             on_progress(*ticks.get_nowait())
 
     async def call() -> dict[str, Any]:
-        session = await conn.live()
-        sent.set()
-        result = await session.call_tool(
-            name,
-            arguments,
-            read_timeout_seconds=server.timeout,
-            progress_callback=progress if on_progress is not None else None,
-            meta=meta,
-        )
-        return result.model_dump(by_alias=True, mode="json", exclude_none=True)
+        try:
+            session = await conn.live()
+            state.sending()
+            result = await session.call_tool(
+                name,
+                arguments,
+                read_timeout_seconds=server.timeout,
+                progress_callback=progress if on_progress is not None else None,
+                meta=meta,
+            )
+            return result.model_dump(by_alias=True, mode="json", exclude_none=True)
+        finally:
+            state.finished.set()
 
     future = loop.submit(call())
-    # Wait without taking the coroutine's own TimeoutError (a session that did not open in
-    # time) for "not done yet": the future says when it is done.
-    while not concurrent.futures.wait([future], timeout=_ABORT_POLL).done:
-        drain()
-        if abort.aborted:
-            future.cancel()  # the SDK sends notifications/cancelled for the request
-            _wait_cancelled(future)
-            raise ToolCancelled(f"MCP tool {name} on {server.name} cancelled: {abort.reason}")
+    if not wait_for(future, state, abort, drain):
+        raise ToolCancelled(f"MCP tool {name} on {server.name} cancelled: {abort.reason}")
     drain()
     if future.cancelled():
         raise ToolCancelled(f"MCP tool {name} on {server.name} cancelled")
     exc = future.exception()
     if exc is None:
         return future.result()
-    if not sent.is_set():  # the session never answered a ping: nothing was sent
-        raise ToolError(f"MCP server {server.name} is unavailable: {exc!r}") from exc
+    if not state.sent:  # the session never answered a ping: nothing was sent
+        raise ToolError(
+            f"MCP server {server.name} is unavailable: {http.without_queries(repr(exc))}"
+        ) from exc
     if isinstance(exc, mcp.MCPError):
         code = getattr(exc.error, "code", None)
         if timeout_is_an_answer and code == _REQUEST_TIMEOUT:
@@ -319,7 +333,8 @@ def call_tool(
             # found, invalid params): the server answered without running the tool.
             raise ToolError(f"MCP server {server.name} refused the call: {exc}") from exc
     raise ToolOutcomeUnknown(
-        f"MCP tool {name} on {server.name}: no answer ({exc!r}); it may have run"
+        f"MCP tool {name} on {server.name}: no answer ({http.without_queries(repr(exc))}); "
+        "it may have run"
     ) from exc
 
 
@@ -327,11 +342,57 @@ _REQUEST_TIMEOUT = -32001  # the SDK's code for a request it stopped waiting for
 _REFUSALS = (-32700, -32600, -32601, -32602)
 
 
-def _wait_cancelled(future: concurrent.futures.Future, seconds: float = 2.0) -> None:
-    """Give the loop a moment to send the cancellation before the handler returns."""
-    ends = time.monotonic() + seconds
-    while not future.done() and time.monotonic() < ends:
-        time.sleep(0.01)
+CANCEL_SENT_SECONDS = 2.0  # at most this long for the SDK to send notifications/cancelled
+
+
+class CallState:
+    """Where a call's coroutine is, as the handler's thread sees it: whether its request was
+    sent (then a cancel must reach the server), and when the coroutine has ended (after the
+    SDK sent notifications/cancelled, for a cancelled one). One lock decides whether a
+    cancel or the sending comes first."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.cancelled = False
+        self.sent = False
+        self.finished = threading.Event()
+
+    def sending(self) -> None:
+        """In the coroutine, before the request goes: not once a cancel came first."""
+        with self.lock:
+            if self.cancelled:
+                raise asyncio.CancelledError
+            self.sent = True
+
+    def cancel(self, future: concurrent.futures.Future) -> bool:
+        """Cancel the call: False when it had ended first (its answer counts). Returns once
+        the cancellation was sent (the coroutine ended: the SDK sends
+        notifications/cancelled as it unwinds), or nothing was sent, or CANCEL_SENT_SECONDS
+        passed."""
+        with self.lock:
+            self.cancelled = True
+            sent = self.sent
+        if not future.cancel():
+            return False
+        if sent:
+            self.finished.wait(CANCEL_SENT_SECONDS)
+        return True
+
+
+def wait_for(
+    future: concurrent.futures.Future,
+    state: CallState,
+    abort: AbortSignal,
+    drain: Callable[[], None],
+) -> bool:
+    """Wait for a call's future, handing its progress on (`drain`): True when it ended (its
+    result or error is in it), False when a cancel stopped it first. Its own TimeoutError (a
+    session that did not open in time) is not taken for "not done yet": the future says."""
+    while not concurrent.futures.wait([future], timeout=_ABORT_POLL).done:
+        drain()
+        if abort.aborted and state.cancel(future):
+            return False
+    return True
 
 
 def close_all(seconds: float = 5.0) -> None:

@@ -55,6 +55,9 @@ class MCPServer:
     rename: Mapping[str, str] = field(default_factory=dict)
     tools: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     destructive_needs_approval: bool = True
+    # Only public addresses (outbound.py, the webhooks' policy), but for these hosts.
+    public_only: bool = False
+    allowed_hosts: tuple[str, ...] = ()
 
     @classmethod
     def stdio(
@@ -83,12 +86,23 @@ class MCPServer:
         url: str | Callable[[], str],
         *,
         headers: Headers | Mapping[str, str] | None = None,
+        public_only: bool = False,
+        allowed_hosts: Iterable[str] = (),
         **options: Any,
     ) -> MCPServer:
         """A streamable HTTP server at `url` (or a function returning it). `headers`: a dict,
         or a function of the run's owner (a user, or None) returning the headers of that
-        owner's session (their own credentials): each set of headers has its own session."""
-        return cls(name=name, transport="http", url=url, headers=headers, **_options(name, options))
+        owner's session (their own credentials): each set of headers has its own session.
+        `public_only`: connect only to a public address, as webhooks do (the URL's host
+        resolved and checked at each session's start, the connection pinned to a checked
+        address, no proxy from the environment), unless the host is in `allowed_hosts`
+        (names, addresses or networks): for a URL that a user or a tenant may choose."""
+        if isinstance(allowed_hosts, str):
+            allowed_hosts = (allowed_hosts,)
+        return cls(
+            name=name, transport="http", url=url, headers=headers, public_only=bool(public_only),
+            allowed_hosts=tuple(allowed_hosts), **_options(name, options),
+        )  # fmt: skip
 
     def __post_init__(self) -> None:
         if not self.name or not _TOOL_NAME.match(self.name):

@@ -61,6 +61,11 @@ class RunQuerySet(models.QuerySet["Run"]):
     def awaiting_approval(self) -> RunQuerySet:
         return self.filter(state=RunState.AWAITING_APPROVAL)
 
+    def cancel_pending(self) -> RunQuerySet:
+        """Runs parked for a person whose cancel was requested as they parked and never
+        applied (the worker that saw it died first): the reaper applies it."""
+        return self.awaiting_approval().filter(cancel_requested_at__isnull=False)
+
     def visible_to(self, user) -> RunQuerySet:
         """Runs `user` may see: their own, or all of them with the view permission."""
         if user.is_superuser or user.has_perm(VIEW_ALL_PERMISSION):
@@ -240,6 +245,13 @@ class Run(FSMModelMixin, UsageCounts):
                 fields=["deadline"],
                 condition=Q(state__in=sorted(RUN_ACTIVE), deadline__isnull=False),
                 name="agentrun_run_deadline_idx",
+            ),
+            # A run parked for a person with a cancel pending (its worker died between the
+            # park and the cancel it saw there): empty but for that instant.
+            models.Index(
+                fields=["cancel_requested_at"],
+                condition=Q(state=RunState.AWAITING_APPROVAL, cancel_requested_at__isnull=False),
+                name="agentrun_run_cancelling_idx",
             ),
             models.Index(fields=["owner", "-created_at"], name="agentrun_run_owner_idx"),
             # The run row is written at every commit of its advance, and every index it has

@@ -2,12 +2,14 @@
 and stop conversations. Admin actions, API views, tasks and management commands call these
 (or the reaper); each command is one unit of work made of transitions (transitions.py); a
 fork (forks.py) copies a run's history into a new run; a conversation's message
-(conversations.py) starts a run whose history is read from the earlier runs."""
+(conversations.py) starts a run whose history is read from the earlier runs; who may
+begin a run on a person's behalf is asked first (authority.py)."""
 
 from __future__ import annotations
 
 from ..store import lost_race
 from ..tokens import TOKEN_SALT, approval_token, check_approval_token
+from .authority import check_begin, fork_owner, startable
 from .conversations import send_message, start_conversation, stop_conversation
 from .decisions import (
     approve_tool_call,
@@ -28,6 +30,8 @@ __all__ = [
     "approve_tool_call",
     "cancel_run",
     "check_approval_token",
+    "check_begin",
+    "fork_owner",
     "fork_points",
     "fork_run",
     "lost_race",
@@ -38,6 +42,7 @@ __all__ = [
     "send_message",
     "start_conversation",
     "start_run",
+    "startable",
     "stop_conversation",
     "tool_definition",
     "tool_description",

@@ -122,7 +122,7 @@ def send_message(
     if name is None:
         name = Conversation.objects.filter(pk=conversation).values_list("agent", flat=True)
         name = name.first()
-    context = run_context(registered_agents().get(name or ""), context)
+    context, hook = run_context(registered_agents().get(name or ""), context)
     with transaction.atomic():
         # Serialises the messages of one conversation: positions, policies and keys.
         conversation = store.lock_conversation(getattr(conversation, "pk", conversation))
@@ -145,7 +145,13 @@ def send_message(
         try:
             with transaction.atomic():
                 run = _new_run(
-                    conversation, input, context, idempotency_key, metadata, request_hash or ""
+                    conversation,
+                    input,
+                    context,
+                    idempotency_key,
+                    metadata,
+                    request_hash or "",
+                    hook,
                 )
         except IntegrityError:
             existing = idempotency_key and _existing(
@@ -180,6 +186,7 @@ def _new_run(
     key: str | None,
     metadata: dict[str, Any],
     request_hash: str = "",
+    hook: str = "",
 ) -> Run:
     last = conversation.runs.aggregate(last=Max("conversation_position"))["last"]
     limit = RunConfig.of(conversation.config).deadline_seconds
@@ -188,7 +195,8 @@ def _new_run(
             agent=conversation.agent,
             input=input,
             context=context,
-            config=conversation.config,
+            # The context hook's text of this message, as a run started alone keeps it.
+            config={**conversation.config, "context_hook": hook} if hook else conversation.config,
             owner=conversation.owner,
             idempotency_key=key,
             request_hash=request_hash,

@@ -2,10 +2,12 @@
 original's turns before that one, each closed tool call with its recorded result (nothing
 is re-executed), so the engine asks the model again at that turn.
 
-The fork belongs to the original's owner, not to the person who forks it: the input and
-the conversation are the owner's, and a tool that acts on behalf of a run's owner must not
-start acting for whoever forked it. Who forked it is in its `run_created` event
-(`forked_by`). Its usage and cost start with the copied turns' (they are its conversation:
+The fork belongs to whoever forked it (`by`) and acts with their credentials (an MCP
+server's headers, `metadata.user_id`), never with the original owner's: a tool that acts on
+behalf of a run's owner must not act for the owner on someone else's request. Forked by
+server-side code (no `by`), or of an agent whose runs act for their owner
+(`Agent(run_as="owner")`), it stays the original owner's (authority.fork_owner). Who
+forked it is in its `run_created` event (`forked_by`). Its usage and cost start with the copied turns' (they are its conversation:
 the budget and `max_turns` see all of it, as they would had it run them itself).
 """
 
@@ -22,6 +24,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from .. import store, transitions, wakeups
+from ..agents import owner_user_id
 from ..clients.base import USAGE_KEYS
 from ..engine.guards import cost_of
 from ..events import EventType, payloads
@@ -29,6 +32,7 @@ from ..exceptions import InvalidInput, InvalidTransition
 from ..models import Run, RunEvent, ToolCall, Turn, idempotency_key_for
 from ..runconfig import RunConfig
 from ..states import TurnState
+from .authority import fork_owner
 from .retrying import retry_lost_race
 from .runs import check_refusals
 
@@ -111,9 +115,9 @@ def fork_run(run: Run | Any, *, at_turn: int, by: Any = None) -> Run:
     """Start a new run that asks the model again at turn `at_turn` of `run`, with a copy
     of the turns before it (their tool calls closed, with their recorded results).
 
-    The fork is queued with the original's agent, configuration snapshot, input, metadata
-    and owner, and linked to it (`forked_from`, `forked_at_turn`); a worker picks it up on
-    commit. InvalidInput for a turn the run does not have; ForkRefused when a turn before
+    The fork is queued with the original's agent, configuration snapshot, input and
+    metadata, owned by `by` (authority.fork_owner), and linked to it (`forked_from`,
+    `forked_at_turn`); a worker picks it up on commit. InvalidInput for a turn the run does not have; ForkRefused when a turn before
     `at_turn` is still open or has a tool call without a result, or when the conversation
     ended before it.
     """
@@ -166,6 +170,13 @@ def _copy(original: Run, at_turn: int, by: Any) -> Run:
     )
     config = RunConfig.of(original.config)
     model = config.model
+    owner = fork_owner(original, by)
+    stored = original.config
+    if owner != original.owner:
+        # The model provider's end-user id is the new owner's too.
+        stored = {key: value for key, value in original.config.items() if key != "metadata"}
+        if owner_user_id(owner) is not None:
+            stored["metadata"] = {"user_id": owner_user_id(owner)}
     recorded = _recorded_responses(original, at_turn)
     # Each turn costs what was recorded when it was answered (its usage as the API sent
     # it, cache writes by TTL and server tool use included); priced again only without one.
@@ -183,8 +194,8 @@ def _copy(original: Run, at_turn: int, by: Any) -> Run:
         input=original.input,
         # Its context (the hook's text and the caller's) goes with every turn it replays.
         context=original.context,
-        config=original.config,
-        owner=original.owner,
+        config=stored,
+        owner=owner,
         metadata=original.metadata,
         correlation_id=uuid.uuid4().hex,
         # The agent's own time limit starts over; a one-off deadline stays with the original.

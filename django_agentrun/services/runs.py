@@ -108,10 +108,12 @@ def check_refusals(stored: dict[str, Any] | None, who: str) -> None:
         raise OptionRefused(f"{who}: " + "; ".join(refused) + ".")
 
 
-def run_context(agent: Agent | None, context: str | None) -> str:
+def run_context(agent: Agent | None, context: str | None) -> tuple[str, str]:
     """A run's context: the agent's `context` hook's text (called once now: stored on the
     run, the same text goes with every turn and every replay), then the given text after
-    it. The hook's text is the author's: a caller adds to it, never replaces or blanks it."""
+    it; and the hook's text alone (kept in the run's configuration snapshot as
+    `context_hook`: the author's, like the system prompt, never shown to API clients). The
+    hook's text is the author's: a caller adds to it, never replaces or blanks it."""
     if context is not None and not isinstance(context, str):
         raise InvalidInput("context must be a string.")
     check_text(context, "The context")
@@ -120,7 +122,8 @@ def run_context(agent: Agent | None, context: str | None) -> str:
         raise InvalidInput("context must be a string (the agent's context hook returned none).")
     check_text(hook, "The agent's context")
     # A blank text block is refused by the API: blank context is no context.
-    return "\n\n".join(text for text in (hook, context) if text and text.strip())
+    joined = "\n\n".join(text for text in (hook, context) if text and text.strip())
+    return joined, hook if hook and hook.strip() else ""
 
 
 def request_digest(**parts: Any) -> str:
@@ -166,7 +169,9 @@ def start_run(
             context=context or "",
         )
     config = run_config(agent_obj, owner, options)
-    context = run_context(agent_obj, context)
+    context, hook = run_context(agent_obj, context)
+    if hook:
+        config["context_hook"] = hook
     if metadata is not None and not isinstance(metadata, dict):
         raise InvalidInput("metadata must be a JSON object.")
     check_json(input, "The input")

@@ -24,6 +24,7 @@ from .holds import hold_released
 from .leases import (
     Claimed,
     Earlier,
+    cancel_request,
     claim,
     earlier_history,
     earlier_version,
@@ -32,6 +33,7 @@ from .leases import (
     poll_cancel,
     release_lease,
     renew_lease,
+    reread,
     take_lease,
 )
 from .locks import (
@@ -56,8 +58,10 @@ __all__ = [
     "Share",
     "Store",
     "Write",
+    "cancel_request",
     "chosen",
     "claim",
+    "reread",
     "claimable",
     "connection_lost",
     "database_now",

@@ -78,9 +78,11 @@ class Store(Protocol):
         database can)."""
         ...
 
-    def send(self, write: Write) -> None:
+    def send(self, write: Write, *, savepoint: bool = False) -> None:
         """Send `write` all or nothing (refused: LeaseLost or ConcurrentUpdate); the run
-        instance takes what was written (writes.settle)."""
+        instance takes what was written (writes.settle). `savepoint`: inside a caller's
+        transaction that must stay usable after a refusal (an atomic tool's), in a
+        savepoint of its own."""
         ...
 
 
@@ -96,6 +98,17 @@ def chosen(alias: str | None = None) -> Store:
         store = PostgresStore() if vendor == "postgresql" else PortableStore(vendor)
         _CHOSEN[alias] = store
     return store
+
+
+def replace(store: Store | None, alias: str | None = None) -> Store | None:
+    """Put `store` in place of the one chosen for `alias` (None: choose again at the next
+    use); the one it replaces. For a harness that wraps the chosen store (the schedule
+    explorer of the project's tests puts a scheduling point before each operation)."""
+    alias = alias or connection.alias
+    previous = _CHOSEN.pop(alias, None)
+    if store is not None:
+        _CHOSEN[alias] = store
+    return previous
 
 
 def send(write: Write) -> Write:

@@ -64,6 +64,20 @@ def _claim(
     return Claimed(lease, run, turns, calls, took_over=name == "claim_takeover")
 
 
+def reread(lease: Lease) -> Claimed | None:
+    """The run's row, turns and tool calls as they are now, if `lease` still holds it (its
+    holder's commit was refused because a late result closed one of its calls meanwhile:
+    engine/driver.py); None when it does not. Plain reads: a write sent after them is
+    refused again if anything changed meanwhile."""
+    run = Run.objects.filter(pk=lease.run_id, lease_owner=lease.owner, lease_epoch=lease.epoch)
+    found = run.first()
+    if found is None or found.state not in (RunState.RUNNING, RunState.AWAITING_TOOL):
+        return None
+    turns = list(Turn.objects.filter(run_id=found.pk).order_by("index"))
+    calls = list(ToolCall.objects.filter(run_id=found.pk).order_by("turn_index", "position"))
+    return Claimed(lease, found, turns, calls)
+
+
 @dataclass
 class Earlier:
     """The runs of a conversation before a follow-up that its history holds (in order, not
@@ -149,6 +163,13 @@ def expire_lease(lease: Lease) -> bool:
 def renew_lease(lease: Lease) -> tuple[bool, bool]:
     """Extend the lease; (still held, cancel requested)."""
     return chosen().renew_lease(lease)
+
+
+def cancel_request(run_id: Any) -> tuple[Any, str] | None:
+    """The run's cancel request (when, why), read afresh; None: there is none."""
+    found = Run.objects.filter(pk=run_id).values_list("cancel_requested_at", "cancel_reason")
+    row = found.first()
+    return row if row is not None and row[0] is not None else None
 
 
 def poll_cancel(lease: Lease) -> tuple[bool, bool]:

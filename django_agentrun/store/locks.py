@@ -20,6 +20,7 @@ from typing import Any
 
 from django.db import DatabaseError, InterfaceError, OperationalError
 
+from ..failpoints import point
 from ..models import Conversation, Run, ToolCall
 from .backend import chosen
 
@@ -32,6 +33,7 @@ LOST_RACE = frozenset({DEADLOCK, SERIALIZATION, LOCK_TIMEOUT})
 
 def lock_conversation(pk: Any) -> Conversation:
     """The conversation's row (first in the order)."""
+    point("lock.conversation")
     return Conversation.objects.select_for_update(no_key=True).get(pk=pk)
 
 
@@ -44,6 +46,7 @@ def lock_active_runs(conversation: Conversation, states: Any) -> list[Run]:
 
 def lock_run(pk: Any) -> Run:
     """A run's row: held while its turns and tool calls change."""
+    point("lock.run")
     return Run.objects.select_for_update(no_key=True).get(pk=pk)
 
 

@@ -141,7 +141,8 @@ class PortableStore:
 
     # -- a write: a few ORM statements in one transaction ---------------------------------
 
-    def send(self, write: Write) -> None:
+    def send(self, write: Write, *, savepoint: bool = False) -> None:
+        # Always in a savepoint of its own inside a caller's transaction (`savepoint`).
         deliveries = None
         for kind, _ in write.events:  # inline: a write reporting nothing calls nothing more
             if kind in outbox.EVENTS:

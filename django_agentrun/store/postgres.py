@@ -132,19 +132,21 @@ class PostgresStore:
 
     # -- a write: one statement -----------------------------------------------------------
 
-    def send(self, write: Write) -> None:
+    def send(self, write: Write, *, savepoint: bool = False) -> None:
         deliveries = None
         for kind, _ in write.events:  # inline: a write reporting nothing calls nothing more
             if kind in outbox.EVENTS:
                 deliveries = outbox.wanted(write)
                 break
-        if deliveries:
+        if deliveries or savepoint:
             # The outbox's rows join the write's transaction (a savepoint inside a caller's).
-            # A refusal leaves it before it is told apart (the statement's failure aborted it).
+            # A refusal leaves it before it is told apart (the statement's failure aborted it),
+            # so that the caller's transaction stays usable (an atomic tool's: savepoint).
             try:
                 with transaction.atomic():
                     _send(write, fenced=_FencedOut)
-                    outbox.insert(write, deliveries)
+                    if deliveries:
+                        outbox.insert(write, deliveries)
             except _FencedOut:
                 refused(write)
         elif connection.in_atomic_block or write.events:

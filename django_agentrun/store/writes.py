@@ -142,11 +142,12 @@ def settle(write: Write, last_seq: int, cancel_requested: bool) -> None:
 def sent(write: Write) -> None:
     """What follows a write sent (by either store): its callbacks, and the nudge to the run's
     stream readers, after the commit (at once when it was its own transaction, else when the
-    caller's commits)."""
+    caller's commits). Robustly: one that raises is logged (by Django) and the others still
+    run, and the committed change is not turned into an error."""
     for callback in write.after_commit:
-        transaction.on_commit(callback)
+        transaction.on_commit(callback, robust=True)
     if write.events and write.nudge is not None:
-        transaction.on_commit(partial(write.nudge, write.run, write.run.last_seq))
+        transaction.on_commit(partial(write.nudge, write.run, write.run.last_seq), robust=True)
 
 
 def refused(write: Write) -> NoReturn:

@@ -6,7 +6,7 @@ See docs/how-to/webhooks.md."""
 from __future__ import annotations
 
 from ..store.outbox import ALL_EVENTS, forget_subscriptions
-from .config import problems
+from .config import problems, refused_urls
 from .delivery import EXCERPT_BYTES, Tried, deliver, resend, sweep
 from .policy import UrlRefused, check, pinned
 from .signing import headers, retry_delay, total_seconds
@@ -22,6 +22,7 @@ __all__ = [
     "forget_subscriptions",
     "headers",
     "problems",
+    "refused_urls",
     "resend",
     "retry_delay",
     "sweep",

@@ -4,13 +4,18 @@ the schedule; the reaper's pass (`sweep`) sends again what a lost task left; `re
 starts a new cycle of tries under the same webhook id.
 
 Delivery is at least once: a worker killed after the receiver answered and before the try
-was recorded sends it again (receivers deduplicate by `webhook-id`).
+was recorded sends it again (receivers deduplicate by `webhook-id`). Never twice at once:
+a try takes the delivery's hold for twice AGENTRUN_WEBHOOK_TIMEOUT_SECONDS and 5 s, and
+ends (or is given up) within the timeout however slowly the receiver answers; a try whose
+hold was taken meanwhile (its process was stopped) records its attempt, not the delivery's
+state.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -72,7 +77,7 @@ def deliver(delivery_id: Any) -> str:
         outcome = _email(delivery)
     else:
         outcome = _post(delivery)
-    return _record(delivery, outcome, started, time.monotonic() - clock)
+    return _record(delivery, outcome, started, time.monotonic() - clock, hold)
 
 
 def _email(delivery: WebhookDelivery) -> Tried:
@@ -94,28 +99,48 @@ def _post(delivery: WebhookDelivery) -> Tried:
     try:
         addresses = policy.check(sub.url, agentrun_settings.WEBHOOK_ALLOWED_HOSTS)
     except policy.UrlRefused as exc:
-        return Tried(False, error=str(exc), final=True)
+        # Tried again on the schedule, as any failed try: the host may allow it, or its
+        # name resolve elsewhere, before the schedule is spent.
+        return Tried(False, error=str(exc))
     target, host, extensions = policy.pinned(sub.url, addresses)
     body = json.dumps(delivery.payload, separators=(",", ":")).encode()
     headers = signing.headers(sub.secret, delivery.webhook_id, timezone.now(), body)
     headers["user-agent"] = USER_AGENT
     headers.update(host)
-    try:
-        with httpx2.Client(
-            follow_redirects=False,
-            timeout=agentrun_settings.WEBHOOK_TIMEOUT_SECONDS,
-            trust_env=False,
-        ) as client:
-            with client.stream(
-                "POST", target, content=body, headers=headers, extensions=extensions
-            ) as response:
-                excerpt = _excerpt(response)
-                code = response.status_code
-    except httpx2.HTTPError as exc:
+    request = (target, body, headers, extensions)
+    timeout = agentrun_settings.WEBHOOK_TIMEOUT_SECONDS
+    answered: list[Any] = []
+    # The whole try within the timeout (httpx's own bounds each read, not the sum: a
+    # receiver answering a byte at a time would outlive the hold and the try be sent again
+    # beside it). A try given up goes on in the background until httpx's bounds end it.
+    thread = threading.Thread(target=_exchange, args=(request, timeout, answered), daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if not answered:
+        return Tried(False, error=f"No complete answer within {timeout:g} s")
+    if isinstance(answered[0], httpx2.HTTPError):
+        exc = answered[0]
         return Tried(False, error=f"{type(exc).__name__}: {exc}")
+    if isinstance(answered[0], BaseException):
+        raise answered[0]
+    code, excerpt = answered[0]
     if 200 <= code < 300:
         return Tried(True, status_code=code, excerpt=excerpt)
     return Tried(False, status_code=code, error=f"HTTP {code}", excerpt=excerpt)
+
+
+def _exchange(request: tuple[Any, ...], timeout: float, answered: list[Any]) -> None:
+    """One request and the start of its answer, in the thread `_post` waits for: (status
+    code, excerpt), or the error, appended to `answered`."""
+    target, body, headers, extensions = request
+    try:
+        with httpx2.Client(follow_redirects=False, timeout=timeout, trust_env=False) as client:
+            with client.stream(
+                "POST", target, content=body, headers=headers, extensions=extensions
+            ) as response:
+                answered.append((response.status_code, _excerpt(response)))
+    except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+        answered.append(exc)
 
 
 def _excerpt(response: Any) -> str:
@@ -127,7 +152,9 @@ def _excerpt(response: Any) -> str:
     return storable_text(read[:EXCERPT_BYTES].decode("utf-8", errors="replace"))
 
 
-def _record(delivery: WebhookDelivery, outcome: Tried, started: Any, seconds: float) -> str:
+def _record(
+    delivery: WebhookDelivery, outcome: Tried, started: Any, seconds: float, hold: Any
+) -> str:
     tries = delivery.attempts + 1
     fields: dict[str, Any] = {"attempts": tries, "locked_until": None}
     delay = None
@@ -156,7 +183,15 @@ def _record(delivery: WebhookDelivery, outcome: Tried, started: Any, seconds: fl
             error=storable_text(outcome.error),
             response_excerpt=outcome.excerpt,
         )
-        WebhookDelivery.objects.filter(pk=delivery.pk).update(**fields)
+        # Fenced by the hold: a try that outlived it (its process stopped) leaves the
+        # delivery to the try that took it over.
+        held = WebhookDelivery.objects.filter(pk=delivery.pk, locked_until=hold)
+        if not held.update(**fields):
+            logger.warning(
+                "Webhook delivery %s: its hold was taken while a try ran; recorded that try only",
+                delivery.webhook_id,
+            )
+            return "taken over"
     if delay is not None and delay <= COUNTDOWN_MAX_SECONDS:
         outbox.dispatch([str(delivery.pk)], countdown=delay)
     if outcome.delivered:
@@ -204,5 +239,5 @@ def resend(deliveries: Any) -> int:
         delivered_at=None,
         last_error="",
     )
-    transaction.on_commit(lambda: outbox.dispatch(ids))
+    transaction.on_commit(lambda: outbox.dispatch(ids), robust=True)
     return count

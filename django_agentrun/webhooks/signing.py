@@ -3,10 +3,33 @@ retry schedule's delays. No database."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import random
 from datetime import datetime
 
 from standardwebhooks import Webhook
+
+#: The shortest signing key accepted: Standard Webhooks' secrets are 24 to 64 bytes.
+MIN_SECRET_BYTES = 24
+
+
+def secret_problem(secret: object) -> str | None:
+    """What is wrong with a signing secret, if anything: it must be `whsec_` and the base64
+    of at least MIN_SECRET_BYTES bytes (a short key can be guessed, and then forged)."""
+    if not isinstance(secret, str) or not secret.startswith("whsec_"):
+        return "a Standard Webhooks secret starts with whsec_"
+    try:
+        key = base64.b64decode(secret.removeprefix("whsec_") + "==", validate=False)
+        Webhook(secret)
+    except (binascii.Error, ValueError, Exception):  # noqa: BLE001 - the library's words
+        return "a Standard Webhooks secret is whsec_ and base64"
+    if len(key) < MIN_SECRET_BYTES:
+        return (
+            f"the secret's key is {len(key)} bytes; at least {MIN_SECRET_BYTES} (whsec_ and "
+            f"the base64 of {MIN_SECRET_BYTES} random bytes or more)"
+        )
+    return None
 
 
 def headers(secret: str, webhook_id: str, timestamp: datetime, body: bytes) -> dict[str, str]:

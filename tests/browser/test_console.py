@@ -118,10 +118,12 @@ def test_console__an_operator_decides_and_forks(console, monkeypatch):
     console.shot("run-page")
     page.click("#agentrun-fork-2")
     page.wait_for_selector("#agentrun-fork-form")
+    # The fork is the operator's: it acts with their credentials, not carol's.
+    assert "It belongs to olga" in page.inner_text("#content-main")
     page.click("#agentrun-fork-form input[type=submit]")
     page.wait_for_selector("#agentrun-forked-from")
     fork = Run.objects.get(forked_from=conversation)
-    assert (fork.forked_at_turn, fork.state, fork.owner) == (2, RunState.QUEUED, carol)
+    assert (fork.forked_at_turn, fork.state, fork.owner.username) == (2, RunState.QUEUED, "olga")
     assert str(fork.pk) in page.url
     assert [t.index for t in fork.turns.order_by("index")] == [0, 1]
     console.go(change(conversation))

@@ -4,7 +4,10 @@ bulk), who cancels, resumes and forks it. One rule, walked on both surfaces:
 
 - sees: a superuser, a user with agentrun.view_all_runs, or the run's owner;
 - decides: sees it, and has agentrun.approve_toolcall (or is a superuser);
-- cancels, resumes, forks: sees it, and owns it or has agentrun.cancel_run.
+- cancels, forks: sees it, and owns it or has agentrun.cancel_run (and, for a fork, the
+  agent's start rule: any signed-in user in these settings);
+- resumes: sees it, and owns it (resumed, another user's run would act with its owner's
+  credentials: tests/db/test_authorization.py).
 
 The admin needs a staff user with the app's view permissions besides; for anyone else
 (anonymous, a user who is not staff) it answers nothing at all.
@@ -84,7 +87,7 @@ def rule(user, run: Run) -> dict[str, bool]:
         "rejects": decides,
         "resolves": decides,
         "cancels": acts,
-        "resumes": acts,
+        "resumes": acts and run.owner_id == user.pk,
         "forks": acts,
     }
 

@@ -201,7 +201,6 @@ def test_stop__cancels_and_shows_the_conversation_interrupted(conversation, alic
 @pytest.mark.parametrize(
     ("url", "body", "field"),
     [
-        ("list", {"agent": "nobody"}, "agent"),
         ("list", {"agent": "chat", "policy": "later"}, "policy"),
         ("list", {"agent": "chat", "metadata": [1]}, "metadata"),
         ("messages", {}, "input"),

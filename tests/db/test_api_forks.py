@@ -76,7 +76,8 @@ def test_fork_api__an_operator_forks_someone_elses_run(conversation, owner):
         fork_url(conversation), {"turn": 1}, content_type="application/json"
     )
     assert response.status_code == 201
-    assert response.json()["owner"] == owner.pk  # the fork stays the owner's
+    # The fork is the operator's: it acts with their credentials, not the owner's.
+    assert response.json()["owner"] == operator.pk
 
 
 @pytest.mark.parametrize(

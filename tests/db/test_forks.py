@@ -7,6 +7,7 @@ import pytest
 from django.contrib.auth.models import User
 
 from django_agentrun import fork_run, services
+from django_agentrun.agents import owner_user_id
 from django_agentrun.engine import Outcome
 from django_agentrun.events import public_payload
 from django_agentrun.exceptions import InvalidInput, InvalidTransition
@@ -38,13 +39,12 @@ def test_fork__copies_the_turns_before_and_reexecutes_nothing(
 
     assert no_broker == [str(fork.pk)]  # woken after commit
     assert (fork.state, fork.forked_from, fork.forked_at_turn) == (RunState.QUEUED, run, 2)
-    assert (fork.agent, fork.input, fork.config, fork.metadata) == (
-        run.agent,
-        run.input,
-        run.config,
-        run.metadata,
-    )
-    assert fork.owner == run.owner  # the owner's conversation, not the operator's
+    assert (fork.agent, fork.input, fork.metadata) == (run.agent, run.input, run.metadata)
+    # The operator's run, acting with the operator's credentials: the model provider's
+    # end-user id is theirs too; the rest of the snapshot is the original's.
+    assert fork.owner == operator
+    assert fork.config == {**run.config, "metadata": {"user_id": owner_user_id(operator)}}
+    assert fork.config["metadata"] != run.config["metadata"]
     assert list(run.forks.all()) == [fork]
     assert [t.index for t in fork.turns.order_by("index")] == [0, 1]
     assert all(t.state == TurnState.COMPLETED for t in fork.turns.all())

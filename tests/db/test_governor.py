@@ -79,27 +79,45 @@ def test_learn__retry_after_blocks_everyone(governor):
     assert not verdict.go and 4 < verdict.wait <= 5.5
 
 
-def test_fair_share__a_waiting_key_with_fewer_grants_goes_first(governor):
-    governor.learn("scope", "m", HEADERS)
-    for _ in range(20):  # key a: its burst, then waiting runs
-        ask(governor, "a")
-    b = ask(governor, "b", ticket="b1")
+def test_fair_share__a_waiting_key_with_fewer_grants_goes_first(timed):
+    g, clock = timed
+    while ask(g, "a").go:  # key a: its burst and the pacing's
+        pass
+    b = ask(g, "b", ticket="b1")
     assert not b.go  # the limit is spent for now: b waits too, but with fewer grants
-    # While b waits, a's requests wait behind it whatever the limit says.
-    governor._redis.delete(f"{governor.prefix}:scope:m:tat")
-    assert not ask(governor, "a").go
-    assert ask(governor, "b", ticket="b1").go  # b comes back: its turn
-    assert ask(governor, "a").go  # b no longer waits
+    clock.now += b.wait - 0.1  # b is about to come back, and the limit has room again
+    assert not ask(g, "a").go  # that room is b's: a waits behind it
+    clock.now += 0.1
+    assert ask(g, "b", ticket="b1").go  # b comes back: its turn
+    clock.now += 0.2
+    assert ask(g, "a").go  # b no longer waits
 
 
-def test_priority__interactive_waits_ahead_of_background(governor):
-    governor.learn("scope", "m", HEADERS)
-    for _ in range(10):
-        ask(governor, "a", priority=1)
-    assert not ask(governor, "c", ticket="c1", priority=0).go
-    governor._redis.delete(f"{governor.prefix}:scope:m:tat")
-    assert not ask(governor, "z", priority=1).go  # a priority-0 request waits
-    assert ask(governor, "c", ticket="c1", priority=0).go
+def test_fair_share__room_nobody_waits_for_now_is_not_held(timed):
+    """A place in line holds room only as its run comes back: before, the limit's room goes
+    to whoever asks (it sat idle for the whole wait)."""
+    g, clock = timed
+    while ask(g, "a").go:
+        pass
+    told = {f"b{n}": ask(g, "b", ticket=f"b{n}") for n in range(4)}
+    latest = max(v.wait for v in told.values())
+    assert not any(v.go for v in told.values()) and latest >= 1.0
+    clock.now += 0.7  # room for three requests again: two for b0 and b1, back by now
+    assert ask(g, "a").go  # the limit's room is not held for runs that are not back
+    clock.now += latest - 0.7
+    assert ask(g, "b", ticket=max(told, key=lambda t: told[t].wait)).go  # b still goes
+
+
+def test_priority__interactive_waits_ahead_of_background(timed):
+    g, clock = timed
+    while ask(g, "a", priority=1).go:
+        pass
+    c = ask(g, "c", ticket="c1", priority=0)
+    assert not c.go
+    clock.now += c.wait - 0.1
+    assert not ask(g, "z", priority=1).go  # the room is the priority-0 request's
+    clock.now += 0.1
+    assert ask(g, "c", ticket="c1", priority=0).go
 
 
 def test_unreachable_redis__fails_open(settings):
@@ -152,3 +170,52 @@ def test_fair_share_key__the_agent_names_it_before_the_host_and_the_owner(settin
     finally:
         unregister_agent("by-tenant")
         unregister_agent("by-nothing")
+
+
+class Clock:
+    """The governor's clock played forward by the test (Governor(clock=...))."""
+
+    def __init__(self) -> None:
+        self.now = 1_900_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def timed(governor, settings):
+    """The governor on a clock the test plays, without pacing: a request goes only if the
+    limit has room for it now."""
+    settings.AGENTRUN_GOVERNOR_MAX_WAIT_SECONDS = 0
+    clock = Clock()
+    governor.clock = clock
+    governor.learn("scope", "m", HEADERS)  # 5 requests a second, a burst of 5
+    return governor, clock
+
+
+def test_fair_share__a_place_in_line_nobody_comes_back_for_holds_nobody_back(timed):
+    """A run told "not now" that never comes back (cancelled meanwhile) kept its place for
+    a lease and 10 seconds; every other key waited behind it with the limit idle."""
+    g, clock = timed
+    while ask(g, "a").go:  # a's burst, then the pacing's
+        pass
+    told = ask(g, "b", ticket="b1")
+    assert not told.go  # b waits (and never comes back)
+    clock.now += told.wait + gov.RETURN_SLACK + 0.01
+    assert ask(g, "a").go  # the limit has room again: a is not held behind b's empty place
+
+
+def test_fair_share__a_background_request_ages_ahead_of_steady_interactive_load(timed, settings):
+    """Interactive requests at the limit's pace kept a background one waiting forever."""
+    settings.AGENTRUN_FAIR_SHARE_AGING_SECONDS = 10
+    g, clock = timed
+    waited, back = None, 2.0  # z asks first at the third second, then when told
+    for tick in range(250):  # 25 s at 10 interactive requests a second (twice the limit)
+        clock.now += 0.1
+        ask(g, "c", ticket=f"c{tick}", priority=0)
+        if waited is None and tick / 10 >= back:
+            told = ask(g, "z", ticket="z1", priority=1)
+            if told.go:
+                waited = tick / 10 - 2.0
+            back = tick / 10 + told.wait
+    assert waited is not None and 10 <= waited <= 12, waited

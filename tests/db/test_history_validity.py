@@ -338,6 +338,15 @@ def test_pause_turn__a_run_ending_right_after_it_leaves_a_history_the_next_messa
 # --------------------------------------------------------------------------- prefill
 
 
+# A structured output the tests below resume after it failed.
+COUNT = {
+    "type": "object",
+    "properties": {"n": {"type": "integer"}},
+    "required": ["n"],
+    "additionalProperties": False,
+}
+
+
 @pytest.mark.no_projection_check  # the answer's row is rewritten below, not its events
 def test_structured_output__resume_sends_no_prefill(api, client, agent):
     """Resumed after invalid_structured_output, the run's last answer would be the last
@@ -345,13 +354,7 @@ def test_structured_output__resume_sends_no_prefill(api, client, agent):
     is continued after a user message already; a complete one that broke its schema is
     rare under the API's constrained decoding, and the stand-in will not script one, so the
     row is written as such.) A user message asks again."""
-    schema = {
-        "type": "object",
-        "properties": {"n": {"type": "integer"}},
-        "required": ["n"],
-        "additionalProperties": False,
-    }
-    agent("counter", model="claude-sonnet-5-5", thinking="adaptive", output_format=schema)
+    agent("counter", model="claude-sonnet-5-5", thinking="adaptive", output_format=COUNT)
     api.script = by_step([Reply('{"n": 1', stop_reason="max_tokens"), Reply('{"n": 3}')])
     run = start_run("counter", "Count.")
     drive(run, client)
@@ -362,6 +365,39 @@ def test_structured_output__resume_sends_no_prefill(api, client, agent):
     assert run.state == "completed", refusals(api)
     assert api.bodies[-1]["messages"][-1] == {"role": "user", "content": RESUME_NOTICE}
     assert run.parsed_output == {"n": 3}
+
+
+@pytest.mark.no_projection_check  # the answer's row is rewritten below, not its events
+def test_structured_output__the_resume_notice_stays_in_the_history(api, client, agent):
+    """After the resume notice the model calls a tool: the notice stays between the answer
+    that could not be used and that turn in every later request (it was sent only once, so
+    the resumed turn's thinking, written after it, was dropped from its own tool-use loop
+    and two assistant messages sat back to back)."""
+    agent(
+        "counter2",
+        model="claude-sonnet-5-5",
+        tools=[lookup],
+        thinking="adaptive",
+        output_format=COUNT,
+    )
+    api.script = by_step(
+        [
+            Reply('{"n": 1', stop_reason="max_tokens"),
+            Reply([thought("Check first."), tool_use("lookup", {"query": "n"})]),
+            Reply('{"n": 3}'),
+        ]
+    )
+    run = start_run("counter2", "Count.")
+    drive(run, client)
+    assert (run.state, run.error_code) == ("failed", "invalid_structured_output")
+    run.turns.update(stop_reason="end_turn", content=[text('{"n": 1')])
+    resume_run(run)
+    drive(run, client)
+    assert run.state == "completed", refusals(api)
+    sent = api.bodies[-1]["messages"]
+    assert [m["role"] for m in sent] == ["user", "assistant", "user", "assistant", "user"]
+    assert sent[2] == {"role": "user", "content": RESUME_NOTICE}
+    assert kinds(sent[3]) == ["thinking", "tool_use"]  # written after the notice: it holds
 
 
 # --------------------------------------------------------------------------- fork points

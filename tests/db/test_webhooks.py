@@ -4,13 +4,16 @@ recorded, refused for private addresses, resent from the admin; e-mail to the ap
 
 from __future__ import annotations
 
+import base64
 import json
+import re
 import socket
 import threading
+import time
 from datetime import timedelta
 
 import pytest
-from django.core import mail
+from django.core import checks, mail
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -24,6 +27,7 @@ from django_agentrun import (
     transitions,
     webhooks,
 )
+from django_agentrun.admin.display import when
 from django_agentrun.exceptions import ConcurrentUpdate
 from django_agentrun.models import (
     DeliveryStatus,
@@ -299,9 +303,9 @@ def test_deliver__a_private_address_is_refused_unless_allowed(hook, dispatched, 
     settings.AGENTRUN_WEBHOOK_ALLOWED_HOSTS = []
     factories.completed_run()
     (row,) = deliveries()
-    assert webhooks.deliver(row.pk) == "failed"
+    assert webhooks.deliver(row.pk) == "retrying"  # tried again on the schedule (below)
     row.refresh_from_db()
-    assert row.status == DeliveryStatus.FAILED and "loopback" in row.last_error
+    assert row.status == DeliveryStatus.PENDING and "loopback" in row.last_error
     assert hook.received == []
     settings.AGENTRUN_WEBHOOK_ALLOWED_HOSTS = ["127.0.0.0/8"]
     webhooks.resend([row])
@@ -457,3 +461,178 @@ def test_outbox__admin_subscriptions_can_be_left_unread(settings, dispatched):
         factories.completed_run()
     assert not [q for q in seen.captured_queries if "webhook" in q["sql"].lower()]
     assert deliveries() == []
+
+
+# --------------------------------------------------------------------------- as a newcomer meets them
+# A secret long enough to sign with, what the admin shows escaped and in its one date format,
+# a refused delivery retried on the schedule, `check` warning about a subscription a delivery
+# will refuse (issue 37).
+
+SHORT = "whsec_AA=="  # one byte
+
+
+def secret_of(size: int) -> str:
+    return "whsec_" + base64.b64encode(b"k" * size).decode()
+
+
+@pytest.mark.django_db
+def test_secret__at_least_24_bytes_in_settings():
+    entry = {"name": "ops", "url": "https://hooks.example.com/", "events": ["*"]}
+    for secret, refused in ((SHORT, True), (secret_of(23), True), (secret_of(24), False)):
+        found = webhooks.problems([{**entry, "secret": secret}])
+        assert bool(found) is refused, (secret, found)
+    assert "at least 24" in webhooks.problems([{**entry, "secret": SHORT}])[0]
+
+
+def manager(client):
+    client.force_login(factories.user("ops", "manage_webhooks", is_staff=True))
+    return client
+
+
+@pytest.mark.django_db
+def test_secret__at_least_24_bytes_in_the_admin(client):
+    form = {"name": "crm", "url": "https://crm.example/hook", "events": ["*"], "active": "on"}
+    refused = manager(client).post(
+        "/admin/agentrun/webhooksubscription/add/", {**form, "secret": SHORT}
+    )
+    assert refused.status_code == 200 and b"at least 24" in refused.content
+    assert not WebhookSubscription.objects.exists()
+    made = client.post("/admin/agentrun/webhooksubscription/add/", {**form, "secret": SECRET})
+    assert made.status_code == 302
+
+
+@pytest.mark.django_db
+def test_admin__the_secrets_end_is_escaped(client):
+    sub = WebhookSubscription.objects.create(
+        name="crm", url="https://crm.example/", secret=SECRET + "<img", events=["*"]
+    )
+    page = manager(client).get(f"/admin/agentrun/webhooksubscription/{sub.pk}/change/")
+    assert page.status_code == 200
+    assert b"&lt;img" in page.content and b"<img" not in page.content
+
+
+@pytest.mark.django_db
+def test_admin__lists_in_the_one_date_format_and_counts_in_words(hook, dispatched, client):
+    factories.completed_run()
+    (row,) = deliveries()
+    webhooks.deliver(row.pk)
+    row.refresh_from_db()
+    manager(client)
+    listed = client.get("/admin/agentrun/webhookdelivery/").content.decode()
+    assert when(row.created_at) in listed
+    assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", listed)
+    sub = WebhookSubscription.objects.create(name="x", url="https://x.example/", events=["*"])
+    assert (
+        when(sub.updated_at) in client.get("/admin/agentrun/webhooksubscription/").content.decode()
+    )
+    answer = client.post(
+        "/admin/agentrun/webhookdelivery/",
+        {"action": "resend", "_selected_action": [str(row.pk)]},
+        follow=True,
+    )
+    assert "1 delivery will be sent again." in answer.content.decode()
+
+
+@pytest.mark.django_db
+def test_deliver__a_refused_url_is_retried_on_the_schedule(hook, dispatched, settings):
+    settings.AGENTRUN_WEBHOOK_ALLOWED_HOSTS = []
+    factories.completed_run()
+    (row,) = deliveries()
+    assert webhooks.deliver(row.pk) == "retrying"
+    row.refresh_from_db()
+    assert row.status == DeliveryStatus.PENDING and "not a public address" in row.last_error
+    assert hook.received == []
+    # Allowed since: the next try goes through.
+    settings.AGENTRUN_WEBHOOK_ALLOWED_HOSTS = ["127.0.0.1"]
+    assert webhooks.deliver(row.pk) == "delivered"
+    assert WebhookDelivery.objects.get(pk=row.pk).attempts == 2
+
+
+@pytest.mark.django_db
+def test_deliver__a_refused_url_fails_once_the_schedule_is_spent(hook, dispatched, settings):
+    settings.AGENTRUN_WEBHOOK_ALLOWED_HOSTS = []
+    factories.completed_run()
+    (row,) = deliveries()
+    outcomes = [webhooks.deliver(row.pk) for _ in range(3)]  # a schedule of two retries
+    assert outcomes == ["retrying", "retrying", "failed"]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("url", "allowed", "warned"),
+    [
+        ("http://127.0.0.1:8001/hook", [], True),
+        ("http://localhost:8001/hook", [], True),
+        ("http://[::ffff:10.0.0.1]/hook", [], True),
+        ("http://[64:ff9b::a9fe:a9fe]/hook", [], True),
+        ("http://127.0.0.1:8001/hook", ["127.0.0.1"], False),
+        ("http://10.1.2.3/hook", ["10.0.0.0/8"], False),
+        ("https://hooks.example.com/hook", [], False),  # names resolve only at delivery
+        ("https://93.184.216.34/hook", [], False),
+    ],
+)
+def test_check__a_static_subscription_a_delivery_will_refuse(settings, url, allowed, warned):
+    settings.AGENTRUN_WEBHOOKS = [{"name": "ops", "url": url, "secret": SECRET, "events": ["*"]}]
+    settings.AGENTRUN_WEBHOOK_ALLOWED_HOSTS = allowed
+    found = [m for m in checks.run_checks() if m.id == "agentrun.W050"]
+    assert bool(found) is warned, found
+    if warned:
+        assert "AGENTRUN_WEBHOOK_ALLOWED_HOSTS" in found[0].hint
+
+
+@pytest.mark.django_db
+def test_deliver__a_receiver_answering_a_byte_at_a_time_is_given_up_within_the_timeout(
+    hook, dispatched, settings
+):
+    """httpx bounds each read, not the whole answer: a receiver that trickles kept the try
+    going past its hold, and another worker sent the same delivery beside it."""
+    settings.AGENTRUN_WEBHOOK_TIMEOUT_SECONDS = 1.0
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    done = threading.Event()
+
+    def trickle() -> None:
+        conn, _ = server.accept()
+        conn.recv(65536)
+        for byte in b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok":
+            if done.wait(0.3):
+                break
+            conn.sendall(bytes([byte]))
+        conn.close()
+
+    threading.Thread(target=trickle, daemon=True).start()
+    url = f"http://127.0.0.1:{server.getsockname()[1]}/slow"
+    settings.AGENTRUN_WEBHOOKS = [{"name": "ops", "url": url, "secret": SECRET, "events": ["*"]}]
+    factories.completed_run()
+    (row,) = deliveries()
+    began = time.monotonic()
+    assert webhooks.deliver(row.pk) == "retrying"
+    assert time.monotonic() - began < 2.5
+    done.set()
+    server.close()
+    (attempt,) = WebhookAttempt.objects.filter(delivery=row)
+    assert "within 1 s" in attempt.error
+
+
+@pytest.mark.django_db
+def test_deliver__a_try_whose_hold_was_taken_records_itself_not_the_delivery(
+    hook, dispatched, monkeypatch
+):
+    """Its process stopped past its hold, another worker took the delivery: the late try's
+    answer is recorded as an attempt, and the delivery stays the other try's."""
+    from django_agentrun.webhooks import delivery as sending
+
+    factories.completed_run()
+    (row,) = deliveries()
+    real = sending._post
+
+    def taken_meanwhile(found):
+        WebhookDelivery.objects.filter(pk=found.pk).update(locked_until=timezone.now())
+        return real(found)
+
+    monkeypatch.setattr(sending, "_post", taken_meanwhile)
+    assert webhooks.deliver(row.pk) == "taken over"
+    row.refresh_from_db()
+    assert (row.status, row.attempts) == (DeliveryStatus.PENDING, 0)
+    assert WebhookAttempt.objects.filter(delivery=row).count() == 1

@@ -65,6 +65,7 @@ def test_samples__every_marker_is_read():
             "append",
             "quickstart",
             "shell",
+            "readme",  # the README's checkout commands (tests/workers/test_readme.py)
             "rules-table",
             "unsourced-values",
         }

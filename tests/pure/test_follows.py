@@ -1,4 +1,4 @@
-"""The one decision of what follows a step (engine/step.py's FOLLOWS) is complete and
+"""The one decision of what follows a step (engine/follows.py's FOLLOWS) is complete and
 consistent: every (where, ended-with) pair the engine can produce has a row, every row is
 one the engine can produce, every chain of rows ends in what happens after the commit, and
 every transition a row names exists."""
@@ -10,7 +10,8 @@ import re
 from pathlib import Path
 
 from django_agentrun.engine import step
-from django_agentrun.engine.step import ACTIONS, CLASSIFY, FOLLOWS, At, Ended, Then
+from django_agentrun.engine.follows import ACTIONS, CLASSIFY, FOLLOWS, At, Ended
+from django_agentrun.engine.step import Then
 
 ENGINE = Path(step.__file__).parent
 
@@ -20,13 +21,14 @@ CLASSIFIERS = {
     "turn_closed": At.TURN_CLOSED,
     "interrupted": At.INTERRUPTED,
     "_open_call": At.OPEN_CALL,
+    "may_start": At.OPEN_CALL,  # next_call names the two of its answers it goes on with
     "_answered": At.ANSWER,
 }
 PAIR = re.compile(r"At\.(\w+),\s*Ended\.(\w+)")
 
 
 def _table_source() -> str:
-    source = (ENGINE / "step.py").read_text()
+    source = (ENGINE / "follows.py").read_text()
     start = source.index("FOLLOWS: dict")
     return source[start : source.index("\n}\n", start) + 2]
 
@@ -36,7 +38,7 @@ def produced() -> set[tuple[At, Ended]]:
     pairs = set()
     for path in sorted(ENGINE.glob("*.py")):
         source = path.read_text()
-        if path.name == "step.py":
+        if path.name == "follows.py":
             source = source.replace(_table_source(), "")
         pairs |= {(At[a], Ended[e]) for a, e in PAIR.findall(source)}
         for node in ast.walk(ast.parse(source)):

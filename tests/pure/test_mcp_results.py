@@ -97,3 +97,73 @@ def test_without_the_mcp_package__the_app_imports__a_server_says_how_to_install_
     monkeypatch.setitem(sys.modules, "mcp", None)
     with pytest.raises(ConfigurationError, match=r"django-agentrun\[mcp\]"):
         connections.list_tools(MCPServer.stdio("shop", "shop-mcp"), {})
+
+
+def test_a_cancel_that_races_the_answer__the_answer_counts():
+    """The answer arrives just as the cancel is seen: the call completed, and its result is
+    what the handler returns (it was reported cancelled)."""
+    import concurrent.futures
+
+    from django_agentrun.abort import CANCEL_REQUESTED, AbortSignal
+    from django_agentrun.mcp.connections import CallState, wait_for
+
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    future.set_running_or_notify_cancel()
+    abort, state = AbortSignal(), CallState()
+    state.sending()
+
+    def answered_as_the_cancel_comes() -> None:
+        if not future.done():
+            future.set_result({"content": []})
+            abort.abort(CANCEL_REQUESTED)
+
+    assert wait_for(future, state, abort, answered_as_the_cancel_comes) is True
+    assert future.result() == {"content": []}
+
+
+def test_a_cancel__returns_once_the_cancellation_was_sent():
+    """A cancelled call returns only after its coroutine unwound (where the SDK sends
+    notifications/cancelled), not at once."""
+    import asyncio
+    import threading
+
+    from django_agentrun.abort import CANCEL_REQUESTED, AbortSignal
+    from django_agentrun.mcp.connections import CallState, wait_for
+
+    loop = asyncio.new_event_loop()
+    running = threading.Thread(target=loop.run_forever, daemon=True)
+    running.start()
+    state, abort, notified = CallState(), AbortSignal(), threading.Event()
+
+    async def call() -> None:
+        try:
+            state.sending()
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.2)  # the SDK writing notifications/cancelled
+            notified.set()
+            raise
+        finally:
+            state.finished.set()
+
+    future = asyncio.run_coroutine_threadsafe(call(), loop)
+    threading.Timer(0.05, abort.abort, args=(CANCEL_REQUESTED,)).start()
+    assert wait_for(future, state, abort, lambda: None) is False
+    assert notified.is_set()
+    loop.call_soon_threadsafe(loop.stop)
+    running.join(5)
+    loop.close()
+
+
+def test_a_cancel_before_the_request_went__nothing_is_sent():
+    import asyncio
+    import concurrent.futures
+
+    from django_agentrun.mcp.connections import CallState
+
+    state = CallState()
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    assert state.cancel(future) is True  # nothing was sent: no wait for a cancellation
+    with pytest.raises(asyncio.CancelledError):
+        state.sending()  # the coroutine, coming to send it, does not
+    assert state.sent is False

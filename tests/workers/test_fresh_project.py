@@ -1,12 +1,16 @@
-"""A new user's first hour, from the tutorial alone (docs/tutorial/first-agent.md).
+"""A new user's first hour, from the tutorial (docs/tutorial/first-agent.md) and two how-tos.
 
 In a temporary directory: `django-admin startproject mysite`, `manage.py startapp myapp`,
 then the tutorial's marked snippets (`<!-- file: PATH -->` writes a file, `<!-- append: PATH -->`
-appends to one) and only these test-specific settings on top: the database (a Postgres
+appends to one), the telemetry how-to's console recipe and the webhooks how-to's local
+receiver (their `<!-- append: ... -->` snippets), and only these test-specific settings on
+top: the database (a Postgres
 database of its own, dropped afterwards), Redis db 11, a queue of the test's own and a
 one-second reaper period. Then `migrate`, `check`, the stand-in from its command line
 with the tutorial's script, a worker and beat from the tutorial's commands, and one run
-started and approved through the API, and the admin's pages. Also: `check` names each
+started and approved through the API, its webhooks received by a local receiver that
+verifies their signatures, its spans in the worker's log, and the admin's pages. Also:
+`check` names each
 tutorial step that is missing, and the tutorial's offline test passes in the project.
 
 The project's processes run on AGENTRUN_TEST_PROJECT_PYTHON when it is set: a virtualenv
@@ -37,10 +41,15 @@ from django.db import connection
 
 from django_agentrun.testing import processes
 from tests.processes import REDIS_URL, wait_for
+from tests.webhook_receiver import SECRET, Receiver, receiver
 
 ROOT = Path(__file__).resolve().parents[2]
-# The page whose marked snippets build the project (the README's quick start has its own test).
+# The page whose marked snippets build the project (the README's quick start has its own test),
+# then the how-tos' that a newcomer adds: console telemetry, a local webhook receiver.
 TUTORIAL = ROOT / "docs" / "tutorial" / "first-agent.md"
+HOWTOS = [ROOT / "docs" / "how-to" / "telemetry.md", ROOT / "docs" / "how-to" / "webhooks.md"]
+# Where the webhooks how-to's local receiver listens (the test's receiver takes any port).
+RECEIVER = "http://127.0.0.1:8001/hooks/agentrun"
 # Not resolved: a virtualenv's python is a symlink, and its bin/ holds `celery`, `django-admin`.
 PYTHON = os.environ.get("AGENTRUN_TEST_PROJECT_PYTHON") or sys.executable
 BIN = Path(PYTHON).parent
@@ -66,8 +75,9 @@ class Snippet:
 
 def readme_snippets() -> list[Snippet]:
     found = []
-    for m in SNIPPET.finditer(TUTORIAL.read_text()):
-        found.append(Snippet(m["kind"], m["target"], textwrap.dedent(m["body"]) + "\n"))
+    for page in (TUTORIAL, *HOWTOS):
+        for m in SNIPPET.finditer(page.read_text()):
+            found.append(Snippet(m["kind"], m["target"], textwrap.dedent(m["body"]) + "\n"))
     return found
 
 
@@ -121,6 +131,8 @@ def test_fresh_project__the_readme_marks_every_snippet():
         ("file", "script.json"),
         ("shell", "offline"),
     }
+    appended = [s for s in readme_snippets() if s.kind == "append"][-2:]
+    assert "ConsoleSpanExporter" in appended[0].text and RECEIVER in appended[1].text
 
 
 # -- the project ------------------------------------------------------------------------------
@@ -224,7 +236,14 @@ def _redis_answers() -> bool:
 
 
 @pytest.fixture(scope="module")
-def project(pristine, database, tmp_path_factory) -> Iterator[Path]:
+def hooks() -> Iterator[Receiver]:
+    """The webhooks how-to's local receiver: records each delivery (verified by the test)."""
+    with receiver() as rec:
+        yield rec
+
+
+@pytest.fixture(scope="module")
+def project(pristine, database, hooks, tmp_path_factory) -> Iterator[Path]:
     if not _redis_answers():
         pytest.skip(f"Redis is not running at {REDIS_URL}")
     queue = f"agentrun-fresh-{uuid.uuid4().hex[:8]}"
@@ -235,7 +254,12 @@ def project(pristine, database, tmp_path_factory) -> Iterator[Path]:
         + f'CELERY_TASK_DEFAULT_QUEUE = "{queue}"\n'
         + 'CELERY_BEAT_SCHEDULE["agentrun-reap"]["schedule"] = 1.0\n'
     )
-    path = build(pristine, tmp_path_factory.mktemp("fresh") / "site", overrides=overrides)
+    path = build(
+        pristine,
+        tmp_path_factory.mktemp("fresh") / "site",
+        change=lambda s: s.text.replace(RECEIVER, hooks.url),
+        overrides=overrides,
+    )
     done = manage(path, "migrate", "--no-input")
     assert done.returncode == 0, done.stdout + done.stderr
     yield path
@@ -375,11 +399,12 @@ lost_call = wait_for("the lost run's waiting call", lambda: ToolCall.objects.fil
 page = client.get(f"/admin/agentrun/toolcall/{lost_call.pk}/change/")
 assert page.status_code == 200 and b'id="agentrun-approve-form"' in page.content, page.status_code
 
-print(json.dumps(client.get(f"{API}/runs/{run_id}/").json()))
+# One line the test reads (the console telemetry prints its metrics at exit, after it).
+print("DETAIL", json.dumps(client.get(f"{API}/runs/{run_id}/").json()), flush=True)
 """
 
 
-def test_fresh_project__from_the_readme_to_a_completed_run(project):
+def test_fresh_project__from_the_readme_to_a_completed_run(project, hooks):
     assert manage(project, "check", "--fail-level", "WARNING").returncode == 0
     (project / "drive.py").write_text(DRIVER)
     processes = Processes(project)
@@ -407,7 +432,8 @@ def test_fresh_project__from_the_readme_to_a_completed_run(project):
 
         done = run([PYTHON, "drive.py"], project, timeout=60)
         assert done.returncode == 0, done.stdout + done.stderr + processes.logs()
-        detail = json.loads(done.stdout.strip().splitlines()[-1])
+        line = next(x for x in done.stdout.splitlines() if x.startswith("DETAIL "))
+        detail = json.loads(line.removeprefix("DETAIL "))
         assert detail["state"] == "completed", processes.logs()
         assert detail["output"]["text"] == "Refunded 42.00 for order 42."
         calls = [c for turn in detail["turns"] for c in turn["tool_calls"]]
@@ -432,6 +458,18 @@ def test_fresh_project__from_the_readme_to_a_completed_run(project):
         steps = [r.split()[2] for r in requests]
         assert steps == ["step=0", "step=1", "step=2", "step=0", "step=1"], steps
         assert processes.log("stand-in").rstrip().endswith("Stopped: 5 accepted, 0 refused.")
+
+        # The run's webhooks reached the local receiver, signed with the how-to's secret.
+        wanted = {"tool_call.awaiting_approval", "run.completed"}
+        wait_for(
+            lambda: wanted <= {r.verified(SECRET)["type"] for r in hooks.received},
+            timeout=20,
+            message="the run's webhooks",
+        )
+        verified = [r.verified(SECRET) for r in hooks.received]
+        assert {e["data"]["run_id"] for e in verified} >= {detail["id"]}
+        # The console recipe: the worker printed the run's spans as they ended.
+        assert '"name": "invoke_agent support"' in processes.log("worker"), processes.logs()
     finally:
         processes.stop()
 
@@ -460,7 +498,8 @@ def _without(*names: str) -> Callable[[Snippet], str]:
             return s.text
         text = s.text
         for name in names:
-            text = drop_statement(text, name)
+            if re.search(rf"^{name}\b", text, re.M):  # the tutorial's settings snippet
+                text = drop_statement(text, name)
         return text
 
     return change
@@ -468,9 +507,8 @@ def _without(*names: str) -> Callable[[Snippet], str]:
 
 def _replace(target: str, old: str, new: str) -> Callable[[Snippet], str]:
     def change(s: Snippet) -> str:
-        if s.target != target:
+        if s.target != target or old not in s.text:  # one of the file's snippets has it
             return s.text
-        assert old in s.text
         return s.text.replace(old, new)
 
     return change

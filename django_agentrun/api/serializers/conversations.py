@@ -9,7 +9,6 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from ...agents import registered_agents
 from ...models import Conversation
 from ...runconfig import RunConfig
 from ...states import ConversationPolicy, ConversationStatus
@@ -26,18 +25,17 @@ POLICY_HELP = (
 
 
 class ConversationCreateSerializer(serializers.Serializer):
-    agent = StorableCharField(max_length=200, help_text="The name of a registered agent.")
+    agent = StorableCharField(
+        max_length=200,
+        help_text="The name of an agent you may start (any other name, whether or not an "
+        "agent has it, is the same 403).",
+    )
     policy = serializers.ChoiceField(
         choices=ConversationPolicy.choices,
         default=ConversationPolicy.ENQUEUE,
         help_text=f"The default for its messages. {POLICY_HELP}",
     )
     metadata = ObjectField(required=False, help_text="A JSON object kept on the conversation.")
-
-    def validate_agent(self, value: str) -> str:
-        if value not in registered_agents():
-            raise serializers.ValidationError(f"No agent named {value!r}.")
-        return value
 
 
 class MessageSerializer(IdempotencyKeyMixin, serializers.Serializer):

@@ -8,7 +8,6 @@ from django.utils import timezone
 from rest_framework import serializers
 
 from ...agent_options import RUN_OPTIONS
-from ...agents import registered_agents
 from ..parsers import text_problem
 from .fields import ObjectField, RunInputField, StorableCharField, StorableJSONField
 
@@ -36,7 +35,11 @@ class IdempotencyKeyMixin:
 
 
 class RunCreateSerializer(IdempotencyKeyMixin, serializers.Serializer):
-    agent = StorableCharField(max_length=200, help_text="The name of a registered agent.")
+    agent = StorableCharField(
+        max_length=200,
+        help_text="The name of an agent you may start (any other name, whether or not an "
+        "agent has it, is the same 403).",
+    )
     input = RunInputField(help_text="A non-empty string or a list of content blocks.")
     metadata = ObjectField(required=False, help_text="A JSON object kept on the run.")
     correlation_id = StorableCharField(max_length=200, required=False, allow_blank=True)
@@ -63,11 +66,6 @@ class RunCreateSerializer(IdempotencyKeyMixin, serializers.Serializer):
         help_text="Text sent after the input in the same user message (a date, a mode), "
         "never in the system prompt; after the text of the agent's context hook, if any.",
     )
-
-    def validate_agent(self, value: str) -> str:
-        if value not in registered_agents():
-            raise serializers.ValidationError(f"No agent named {value!r}.")
-        return value
 
     def validate_deadline(self, value: Any) -> Any:
         if value <= timezone.now():

@@ -16,6 +16,7 @@ from rest_framework import serializers
 
 from ... import services
 from ...events import public_payload, shown_content, thinking_text
+from ...events.public import caller_context
 from ...models import Run, RunEvent, ToolCall, Turn
 from ...permissions import can_decide
 from ...runconfig import RunConfig
@@ -266,6 +267,10 @@ class RunDetailSerializer(RunSerializer):
     cancel = CancelRequestSerializer(source="*", read_only=True)
     turns = TurnSerializer(many=True, read_only=True)
     pending_decisions = serializers.SerializerMethodField()
+    context = serializers.SerializerMethodField(
+        help_text="The context the run was started (or its message sent) with; the text of "
+        "the agent's own context hook is the author's, like the system prompt, and not shown."
+    )
     output = serializers.SerializerMethodField(
         help_text="The final answer: `text`, `content` (thinking shown as in turns) and, for "
         "stop_reason `refusal`, `refusal`: the model that answered, `category`, `explanation`."
@@ -295,6 +300,11 @@ class RunDetailSerializer(RunSerializer):
         if isinstance(run.output, dict) and "content" in run.output:
             return {**run.output, "content": shown_content(run.output["content"])}
         return run.output
+
+    @extend_schema_field(OpenApiTypes.STR)
+    def get_context(self, run: Run) -> str:
+        hook = run.config.get("context_hook") if isinstance(run.config, dict) else None
+        return caller_context(run.context, hook)
 
     @extend_schema_field(OpenApiTypes.STR)
     def get_model(self, run: Run) -> str:
