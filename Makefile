@@ -42,7 +42,7 @@ CHROMIUM ?= /usr/bin/chromium
 	test-postgres-psycopg2 test-workers-psycopg2 test-pgbouncer pgbouncer test-django-pool \
 	test-node node test-browser chromium test-django6 test-browser-django6 test-release demo demo-traces chat admin \
 	test-explore explore \
-	bench bench-quick bench-load install
+	bench bench-quick bench-load install soak
 
 # A virtualenv with the project and its test dependencies, rebuilt when pyproject changes.
 $(VENV)/.installed: pyproject.toml
@@ -127,9 +127,25 @@ test-postgres: install
 	DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest tests/db tests/postgres -q $(XDIST)
 
 # Real Celery worker processes (warm starts: tests/processes.py) on Postgres (psycopg 3) and
-# Redis, killed with SIGKILL.
+# Redis, killed with SIGKILL (the chaos test also through TCP proxies it faults, and with a
+# worker whose wall clock jumps: tests/wallclock.c, built with the system's C compiler).
 test-workers: install
 	DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest $(WORKER_TIER) -q
+
+# The chaos soak, long (docs/how-to/development.md): SOAKS soaks in a row, each SOAK_SECONDS
+# of faults over SOAK_RUNS runs, a new seed each; the first that fails stops it.
+SOAKS ?= 10
+SOAK_SECONDS ?= 60
+SOAK_RUNS ?= 20
+soak: install
+	@mkdir -p artifacts
+	@for i in $$(seq 1 $(SOAKS)); do \
+	  started=$$(date +%s); \
+	  AGENTRUN_CHAOS_SECONDS=$(SOAK_SECONDS) AGENTRUN_CHAOS_RUNS=$(SOAK_RUNS) DATABASE_URL=$(PG_URL) \
+	    $(PYTHON) -m pytest tests/workers/test_chaos.py -q -s >artifacts/soak-$$i.log 2>&1; status=$$?; \
+	  echo "soak $$i: $$(( $$(date +%s) - started )) s (exit $$status): $$(grep -h -m1 'chaos seed' artifacts/soak-$$i.log) $$(grep -h -m1 'chaos actions' artifacts/soak-$$i.log)"; \
+	  [ $$status -eq 0 ] || { tail -50 artifacts/soak-$$i.log; exit $$status; }; \
+	done
 
 # Again with Django's server-side parameter binding (psycopg), which the engine's and the
 # reaper's raw SQL must also work with: the db and postgres tiers less what is the same on
@@ -157,7 +173,8 @@ test-workers-psycopg2: install
 # server connections, started by tests/pgbouncer.py as a child of the run; the test process
 # and its workers connect through it (DISABLE_SERVER_SIDE_CURSORS, as Django asks), the test
 # database is made on the direct port. Without pgbouncer (and no way to install it) the
-# stage says it was skipped. test-django-pool: Django's own psycopg pool, OPTIONS "pool".
+# stage says it was skipped. test-django-pool: Django's own psycopg pool, OPTIONS "pool"
+# (psycopg_pool's defaults; test_django_pool.py gives its worker max_size 4 and a batch of 6).
 POOLED_TESTS = tests/workers/test_delivery.py::test_duplicate_delivery__two_workers_execute_each_turn_once \
 	tests/workers/test_conversations.py \
 	tests/workers/test_crash_matrix.py::test_non_idempotent_without_check__waits_for_a_person \
@@ -166,6 +183,7 @@ POOLED_TESTS = tests/workers/test_delivery.py::test_duplicate_delivery__two_work
 	tests/workers/test_governor.py::test_caps__at_most_n_runs_of_a_key_are_worked_at_once \
 	tests/postgres/test_concurrency.py::test_cap__claims_racing_under_one_cap_take_its_slots_only
 POOL_TESTS = tests/workers/test_delivery.py::test_duplicate_delivery__two_workers_execute_each_turn_once \
+	tests/workers/test_django_pool.py \
 	tests/workers/test_conversations.py::test_interrupt__a_run_waiting_for_an_approval_and_the_one_queued_behind_it \
 	"tests/workers/test_crash_matrix.py::test_crash_at__every_failpoint[tool.after_handler]"
 

@@ -23,6 +23,7 @@ from .common import check, figure, section, table, wait_until
 from .workers import LOG_DIR, Reaper, Workers
 
 NAME = "load"
+AGENT = "bench-throughput"
 TURNS = 3
 LEASE = 3
 PREVIOUS_TURNS_PER_S = 49.0  # v0.4.0, quiet machine (issue #26)
@@ -30,22 +31,31 @@ HOG = "while 1: pass"
 
 
 class CountingReaper(Reaper):
-    """The bench's beat: reap() every `interval` seconds, counting what each pass did."""
+    """The bench's beat: reap() every `interval` seconds, counting what each pass did. It
+    looks at the bench's runs from the moment they are committed (the runs of the load's
+    agent created since it started), not from when `_start` returns: publishing a thousand
+    wake-ups after the commit takes a while on a busy machine, and a reaper that only
+    learned the ids afterwards never saw that window (issue #35)."""
 
-    def __init__(self, interval: float, run_ids: set) -> None:
-        super().__init__(interval, run_ids)
+    def __init__(self, interval: float, since) -> None:
+        super().__init__(interval, set())
+        self.since = since
         self.actions: Counter[str] = Counter()
         self.passes = 0
 
     def run(self) -> None:
         from django.db import connection
 
+        from django_agentrun.models import Run
         from django_agentrun.recovery import reap
 
+        ours = Run.objects.filter(agent=AGENT, created_at__gte=self.since).values_list(
+            "pk", flat=True
+        )
         try:
             while not self._halt.wait(self.interval):
                 try:
-                    report = reap(run_ids=list(self.run_ids))
+                    report = reap(run_ids=list(ours.all()))  # a fresh read each pass
                     self.passes += 1
                     self.actions.update(f.kind for f in report.findings)
                 except Exception as exc:  # noqa: BLE001 - keep reaping
@@ -68,11 +78,12 @@ def _start(n: int) -> list:
     from django_agentrun import start_run
 
     with transaction.atomic():
-        return [start_run("bench-throughput", f"load id=load-{i}").pk for i in range(n)]
+        return [start_run(AGENT, f"load id=load-{i}").pk for i in range(n)]
 
 
 def measure(n: int, hogs: int) -> dict:
     from django.conf import settings
+    from django.utils import timezone
 
     from django_agentrun.models import Run, RunEvent, ToolCall
 
@@ -91,7 +102,7 @@ def measure(n: int, hogs: int) -> dict:
             busy = _hogs(hogs)
             time.sleep(1 if hogs else 0)
             ids: set = set()
-            reaper = CountingReaper(1.0, ids)
+            reaper = CountingReaper(1.0, timezone.now())
             reaper.start()
             started = time.monotonic()
             ids.update(_start(n))

@@ -22,9 +22,10 @@ DEFAULTS: dict[str, Any] = {
     # A queued or released run nobody claimed for this long (at most the lease), while no
     # message waits in its queue, lost its wake-up: the reaper sends another.
     "QUEUED_STALE_SECONDS": 10.0,
-    # How the reaper knows such a run's wake-up is lost, not waiting behind a backlog: it
-    # reads the broker's messages (Redis: the queue and the delivered, unacknowledged ones;
-    # wakeups.waiting_runs) and re-sends only a run whose message is in neither, at most
+    # How the reaper knows such a run's wake-up is lost, not waiting behind a backlog nor
+    # still being published: it reads the broker's messages (Redis: the queue, the
+    # delivered, unacknowledged ones, and the wake-ups a commit announced before publishing
+    # them; wakeups.waiting_runs) and re-sends only a run whose message is in none, at most
     # this many messages per pass. 0, more messages, or a broker it cannot read (RabbitMQ):
     # it counts the queue instead, and re-sends while messages wait only after ten leases.
     "WAKEUP_SCAN_LIMIT": 100_000,

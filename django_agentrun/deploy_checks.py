@@ -1,6 +1,7 @@
 """System checks of a deployment (beneath checks.py): database connections behind a
-connection pooler, the broker's visibility timeout against the longest task, and settings
-that no longer do anything. Read from settings only: no connection is opened.
+connection pooler, Django's own pool against what a worker process takes from it, the
+broker's visibility timeout against the longest task, and settings that no longer do
+anything. Read from settings only: no connection is opened.
 
 docs/how-to/deploy.md explains each finding.
 """
@@ -33,10 +34,41 @@ def pooler_reason(database: dict[str, Any]) -> str | None:
     return f"host {host!r}" if word else None
 
 
+# psycopg_pool's defaults, which Django's pool takes (`"pool": True`): min_size 4, and a
+# max_size of None meaning min_size.
+POOL_MIN_SIZE = 4
+
+
+def pool_max_size(database: dict[str, Any]) -> int | None:
+    """The most connections Django's pool (OPTIONS "pool", Django 5.1+) of `database` opens
+    in one process, or None without a pool."""
+    pool = (database.get("OPTIONS") or {}).get("pool")
+    if not pool:
+        return None
+    options = pool if isinstance(pool, dict) else {}
+    size = options.get("max_size")
+    return int(size if size is not None else options.get("min_size", POOL_MIN_SIZE))
+
+
+def worker_pool_connections() -> int | None:
+    """The connections a worker pool process can take from Django's pool at once while it
+    advances a run: the task's own (which also runs `reap` and webhook deliveries) and one
+    per other thread of a batch of tool calls (AGENTRUN_TOOL_CONCURRENCY - 1), held while a
+    handler that touched the ORM runs (`ctx.heartbeat()`, an MCP call's progress). The
+    lease heartbeat's connection is its own, outside the pool. None when the setting is
+    invalid (agentrun.E026 says so)."""
+    concurrency = agentrun_settings.TOOL_CONCURRENCY
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        return None
+    return concurrency
+
+
 def database_messages(databases: dict[str, Any] | None = None) -> list[checks.CheckMessage]:
     """Findings about each entry of `databases` (settings.DATABASES by default)."""
     found: list[checks.CheckMessage] = []
     for alias, database in (settings.DATABASES if databases is None else databases).items():
+        if alias == "default":
+            found.extend(pool_messages(alias, database))
         reason = pooler_reason(database)
         if reason is None:
             continue
@@ -67,6 +99,27 @@ def database_messages(databases: dict[str, Any] | None = None) -> list[checks.Ch
                 )
             )
     return found
+
+
+def pool_messages(alias: str, database: dict[str, Any]) -> list[checks.CheckMessage]:
+    """Django's pool of the engine's database against what a worker process takes from it."""
+    size, needed = pool_max_size(database), worker_pool_connections()
+    if size is None or needed is None or size >= needed:
+        return []
+    return [
+        checks.Warning(
+            f"DATABASES[{alias!r}] uses Django's connection pool with max_size {size}, fewer "
+            f"than the {needed} connections a worker process can take from it at once (the "
+            f"task's, and {needed - 1} more for a batch of tool calls run together: "
+            f"AGENTRUN_TOOL_CONCURRENCY = {needed}).",
+            hint=f"Set DATABASES[{alias!r}]['OPTIONS']['pool']['max_size'] to at least "
+            f"{needed} (each process has a pool of its own), or lower "
+            "AGENTRUN_TOOL_CONCURRENCY. A handler that waits for a pooled connection waits "
+            "up to the pool's timeout (30 s) and fails. The lease heartbeat's connection is "
+            "its own, outside the pool: count it in Postgres's max_connections.",
+            id="agentrun.W033",
+        )
+    ]
 
 
 def settings_messages() -> list[checks.CheckMessage]:

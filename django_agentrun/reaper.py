@@ -145,10 +145,11 @@ def _unclaimed_since(base, before: datetime):
 
 def _lost_wakeups(base, now: datetime, stale: timedelta):
     """Runs whose wake-up was lost (a crash between commit and publish, a broker that lost
-    its messages), never runs that merely wait behind a backlog. Unclaimed for `stale`, and
-    the broker holds no message for it (wakeups.waiting_runs: Redis's queue and delivered
-    messages, read twice a moment apart: a message a worker is taking is in neither for an
-    instant): lost. A broker that cannot be read is counted instead: while messages wait in
+    its messages), never runs whose wake-up is merely slow: behind a backlog, held by a busy
+    worker, still being published after a big commit. Unclaimed for `stale`, and the broker
+    holds no message for it (wakeups.waiting_runs: Redis's queue, delivered messages and the
+    wake-ups a commit announced, read twice a moment apart: a message a worker is taking is
+    in neither for an instant): lost. A broker that cannot be read is counted instead: while messages wait in
     the queue, a run is re-woken only after waiting BACKLOG_PATIENCE leases."""
     waiting = _unclaimed_since(base, now - stale)
     if not waiting.exists():

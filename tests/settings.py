@@ -75,8 +75,13 @@ if os.environ.get("AGENTRUN_TEST_POOLER_PORT") and DATABASES["default"]["ENGINE"
     DATABASES["default"]["PORT"] = int(os.environ["AGENTRUN_TEST_POOLER_PORT"])  # noqa: F405
     if os.environ.get("AGENTRUN_TEST_POOLER_MODE", "transaction") == "transaction":
         DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True  # noqa: F405
-# Django's own connection pool (psycopg 3, Django 5.1+): `make test-django-pool`.
+# Django's own connection pool (psycopg 3, Django 5.1+): `make test-django-pool` (`1`:
+# psycopg_pool's defaults, at most 4 connections; or the pool's options as JSON, as
+# tests/workers/test_django_pool.py gives its worker).
 if os.environ.get("AGENTRUN_TEST_DJANGO_POOL") and DATABASES["default"]["ENGINE"].endswith(  # noqa: F405
     "postgresql"
 ):
-    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = True  # noqa: F405
+    _pool = os.environ["AGENTRUN_TEST_DJANGO_POOL"]
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = (  # noqa: F405
+        json.loads(_pool) if _pool.startswith("{") else True
+    )

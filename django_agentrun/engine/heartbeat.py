@@ -27,6 +27,10 @@ database confirmed (the time taken *before* it was sent):
 
 Each wake-up's lateness is measured; the largest of the task is logged when it passed the
 tolerance (`Heartbeat late`), so a starved machine shows in the logs before it costs.
+
+The beat's connection is its own (`own_connection`): made from the database's settings with
+Django's pool option left out, never taken from that pool, where a batch of tool handlers
+touching the ORM could hold every connection while the lease runs out.
 """
 
 from __future__ import annotations
@@ -38,7 +42,9 @@ import sys
 import threading
 import time
 
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.utils import load_backend
 
 from .. import children, store
 from ..abort import CANCEL_REQUESTED, LEASE_LOST, LEASE_UNRENEWED, AbortSignal
@@ -82,11 +88,23 @@ def renewal_timing(
     return renew_every, lease_seconds - stop_before
 
 
+def own_connection(alias: str = DEFAULT_DB_ALIAS) -> BaseDatabaseWrapper:
+    """A connection to `alias`'s database that no pool hands out, for the calling thread:
+    the alias's settings (a test database's name included) less Django's `pool` option
+    (Django 5.1+, psycopg 3). Opened on first use, closed by its user. Through a
+    server-side pooler (PgBouncer) it goes where every connection of the alias goes."""
+    settings_dict = connections.settings[alias]
+    options = {k: v for k, v in (settings_dict.get("OPTIONS") or {}).items() if k != "pool"}
+    return load_backend(settings_dict["ENGINE"]).DatabaseWrapper(
+        {**settings_dict, "OPTIONS": options}, alias
+    )
+
+
 class Heartbeat:
-    """Two daemon threads beside the engine while it holds a lease: the beat (its own DB
-    connection) renews the lease, takes it back after a lapse, and polls for cancel
-    requests; the watchdog (no I/O) enforces the deadlines above even while a renewal hangs
-    on a dead connection."""
+    """Two daemon threads beside the engine while it holds a lease: the beat (a database
+    connection of its own, outside any pool: `own_connection`) renews the lease, takes it
+    back after a lapse, and polls for cancel requests; the watchdog (no I/O) enforces the
+    deadlines above even while a renewal hangs on a dead connection."""
 
     def __init__(self, lease: store.Lease, abort: AbortSignal) -> None:
         self.lease = lease
@@ -136,6 +154,9 @@ class Heartbeat:
             self.lateness = late
 
     def _beat_loop(self) -> None:
+        # The store sends through the default alias's connection of the calling thread:
+        # in this thread, the beat's own.
+        own = connections[DEFAULT_DB_ALIAS] = own_connection()
         lease_seconds = agentrun_settings.LEASE_SECONDS
         poll = agentrun_settings.HEARTBEAT_SECONDS
         renew_every, _ = renewal_timing(lease_seconds, poll, agentrun_settings.CANCEL_GRACE_SECONDS)
@@ -168,7 +189,7 @@ class Heartbeat:
                         held, cancel = store.poll_cancel(self.lease)
                 except Exception:  # noqa: BLE001 - a DB hiccup must not kill the heartbeat
                     logger.warning("Heartbeat failed run_id=%s", self.lease.run_id, exc_info=True)
-                    connection.close()  # a broken connection stays broken: reconnect next time
+                    own.close()  # a broken connection stays broken: reconnect next time
                     retry_now = not retry_now
                     continue
                 finally:
@@ -182,7 +203,7 @@ class Heartbeat:
                     logger.info("Cancel request seen run_id=%s", self.lease.run_id)
                     self.abort.abort(CANCEL_REQUESTED)
         finally:
-            connection.close()
+            own.close()
 
     def _lease_lost(self) -> None:
         """Another worker holds the run now. Had this lease run out meanwhile (the process

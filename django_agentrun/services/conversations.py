@@ -167,7 +167,7 @@ def send_message(
         Conversation.objects.filter(pk=conversation.pk).update(updated_at=timezone.now())
         # Held back by its claim while an earlier run is active; the transition that ends
         # the last of them wakes it again.
-        transaction.on_commit(lambda: wakeups.send(run.pk), robust=True)
+        wakeups.on_commit(run.pk)
     logger.info(
         "Message sent conversation_id=%s run_id=%s position=%s policy=%s active=%s",
         conversation.pk,

@@ -137,7 +137,7 @@ def fork_run(run: Run | Any, *, at_turn: int, by: Any = None) -> Run:
         # The same rules as a new run: a snapshot the model now refuses is a 400 here.
         check_refusals(original.config, f"Run {original.pk}")
         fork = _copy(original, at_turn, by)
-        transaction.on_commit(lambda: wakeups.send(fork.pk), robust=True)
+        wakeups.on_commit(fork.pk)
     logger.info(
         "Run forked run_id=%s from=%s at_turn=%s by=%s",
         fork.pk,

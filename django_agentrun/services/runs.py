@@ -202,7 +202,7 @@ def start_run(
                     deadline=deadline,
                 )
             )
-            transaction.on_commit(lambda: wakeups.send(run.pk), robust=True)
+            wakeups.on_commit(run.pk)
     except IntegrityError:
         if idempotency_key is None:
             raise

@@ -245,8 +245,29 @@ def test_checks__server_side_binding_behind_a_pooler_needs_prepare_threshold_non
         )
         == []
     )
-    # Django's own pool on a direct connection is fine as it is.
-    assert database_messages({"default": _pg(PORT=5432, OPTIONS={"pool": True, **binding})}) == []
+    # Django's own pool on a direct connection is fine as it is (big enough: W033).
+    pool = {"pool": {"max_size": 8}, **binding}
+    assert database_messages({"default": _pg(PORT=5432, OPTIONS=pool)}) == []
+
+
+def test_checks__django_pool_smaller_than_what_a_worker_takes(settings):
+    """A worker process takes up to AGENTRUN_TOOL_CONCURRENCY connections from Django's pool
+    at once (the task's, and the other threads of a batch): the size deploy.md used to show
+    (max_size 4) is too small for the default 8; the heartbeat's is outside the pool."""
+    found = database_messages({"default": _pg(OPTIONS={"pool": {"min_size": 1, "max_size": 4}})})
+    assert ids(found) == {"agentrun.W033"}
+    assert "max_size 4" in found[0].msg
+    assert "['max_size'] to at least 8" in found[0].hint
+    # psycopg_pool's defaults (`True`: min_size 4, max_size = min_size) are as small.
+    assert ids(database_messages({"default": _pg(OPTIONS={"pool": True})})) == {"agentrun.W033"}
+    assert ids(database_messages({"default": _pg(OPTIONS={"pool": {"min_size": 8}})})) == set()
+    assert database_messages({"default": _pg(OPTIONS={"pool": {"max_size": 8}})}) == []
+    assert database_messages({"default": _pg()}) == []  # no pool
+    settings.AGENTRUN_TOOL_CONCURRENCY = 4  # batches of at most 4: the task's and 3 more
+    assert database_messages({"default": _pg(OPTIONS={"pool": {"max_size": 4}})}) == []
+    settings.AGENTRUN_TOOL_CONCURRENCY = 6
+    found = database_messages({"default": _pg(OPTIONS={"pool": {"max_size": 4}})})
+    assert "at least 6" in found[0].hint
 
 
 def test_checks__the_deprecated_prepared_statements_setting(settings):

@@ -62,6 +62,21 @@ def slow_counter(ctx: ToolContext, name: str, seconds: float) -> int:
     return Group.objects.filter(name__startswith=f"slow-{name}-").count()
 
 
+@tool(side_effect=SideEffect.READ_ONLY)
+def busy_read(ctx: ToolContext, seconds: float, label: str = "") -> str:
+    """Read for `seconds`, telling the runtime it is alive every 0.1 s (ctx.heartbeat writes
+    the call's heartbeat through the ORM: this thread holds a database connection meanwhile,
+    as an MCP call's progress ticks do)."""
+    record("busy_read", key=ctx.idempotency_key, phase="start", t=time.time(), label=label)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        ctx.raise_if_cancelled()
+        ctx.heartbeat()
+        time.sleep(0.1)
+    record("busy_read", key=ctx.idempotency_key, phase="end", t=time.time(), label=label)
+    return f"read {label}"
+
+
 # The child: after `seconds`, it has its effect (a line in the test log, flushed to disk).
 _CHILD = """
 import json, os, sys, time
@@ -96,6 +111,6 @@ Agent(
     name="hardening",
     model="claude-sonnet-4-6",
     system="You are a test agent.",
-    tools=[slow_read, stubborn, deliver, slow_counter, child_effect],
+    tools=[slow_read, stubborn, deliver, slow_counter, child_effect, busy_read],
     max_turns=10,
 )

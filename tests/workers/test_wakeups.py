@@ -5,10 +5,12 @@ merely wait behind others in a busy queue get no duplicate messages."""
 from __future__ import annotations
 
 import json
+import threading
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.db import connection, transaction
 from django.utils import timezone
 
 from django_agentrun import start_run, wakeups
@@ -116,9 +118,10 @@ def test_lost_wakeup__a_message_that_died_with_its_worker_is_resent(postgres, qu
     assert _requeued() == 1
 
 
-def _deliver_all(queue: str, ago: dict[str, float]) -> None:
+def _deliver_all(queue: str, ago: dict[str, float], eta_ahead: float | None = None) -> None:
     """Move every message of `queue` to the `unacked` hash as a worker's consumer does,
-    delivered `ago[run_id]` seconds ago."""
+    delivered `ago[run_id]` seconds ago (by the worker's clock); `eta_ahead`: its eta moved
+    that many seconds ahead (a publisher's clock running ahead)."""
     from example_project.celery import app
 
     with app.connection_for_write() as conn:
@@ -127,6 +130,168 @@ def _deliver_all(queue: str, ago: dict[str, float]) -> None:
         while raw := client.rpop(queue):
             message = json.loads(raw)
             run_id = message["headers"]["argsrepr"].strip("()[]',")
+            if eta_ahead is not None:
+                eta = datetime.now(UTC) + timedelta(seconds=eta_ahead)
+                message["headers"]["eta"] = eta.isoformat()
             tag = message["properties"]["delivery_tag"]
             client.hset(channel.unacked_key, tag, json.dumps([message, "", queue]))
             client.zadd(channel.unacked_index_key, {tag: time.time() - ago[run_id]})
+
+
+# --------------------------------------------------------------------------- slow, not lost
+
+
+def _reap_elsewhere() -> object:
+    """A reaper pass on a thread (and a database connection) of its own."""
+    found: list = []
+
+    def reap_once() -> None:
+        try:
+            found.append(reap())
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=reap_once)
+    thread.start()
+    thread.join(timeout=30)
+    return found[0]
+
+
+def _lost(report) -> list[str]:
+    return [f.run_id for f in report.findings if f.kind == "not_picked_up"]
+
+
+@pytest.mark.parametrize("when", ["before_the_first", "between_two"])
+def test_big_commit__wakeups_still_being_published_are_not_taken_for_lost(
+    postgres, queue, settings, monkeypatch, when
+):
+    """Issue #35: 1,000 runs started in one transaction are stale by the time it commits
+    (queued when they were created), and their wake-ups are published one by one after the
+    commit (52 s of it on a saturated machine). The reaper passed meanwhile, found no
+    message for most of them and re-sent 616 wake-ups. The commit now announces them to the
+    broker before publishing the first: a pass before the first wake-up goes out, or
+    between two, re-sends none."""
+    settings.AGENTRUN_LEASE_SECONDS = 3
+    passes: list = []
+    publish = wakeups.send
+
+    def send_slowly(run_id, countdown=None):
+        if not passes and when == "before_the_first":
+            passes.append(_reap_elsewhere())
+        publish(run_id, countdown)
+        if not passes and when == "between_two":
+            passes.append(_reap_elsewhere())
+
+    monkeypatch.setattr(wakeups, "send", send_slowly)
+    with transaction.atomic():  # a long transaction: its runs are stale at its commit
+        runs = [start_run("test-agent", f"run {i}") for i in range(5)]
+        Run.objects.filter(pk__in=[r.pk for r in runs]).update(
+            queued_at=timezone.now() - timedelta(minutes=1)
+        )
+    assert _lost(passes[0]) == []
+    assert wakeups.queued_messages() == 5  # each wake-up once
+    assert _requeued() == 0
+
+
+def test_big_commit__a_publisher_that_died_after_announcing__its_runs_are_rewoken(
+    postgres, queue, settings, monkeypatch
+):
+    """An announcement is not a message: one whose publisher died (nothing published)
+    expires (the broker's clock: at least ANNOUNCEMENT_MIN_SECONDS, 30 s; 1 s here), and
+    the reaper then wakes each of its runs once."""
+    settings.AGENTRUN_LEASE_SECONDS = 1
+    monkeypatch.setattr(wakeups, "ANNOUNCEMENT_MIN_SECONDS", 1.0)
+
+    class Died(BaseException):
+        """The publishing process ends before its first publish (nothing after runs)."""
+
+    def die(run_id, countdown=None):
+        raise Died
+
+    publish = wakeups.send
+    monkeypatch.setattr(wakeups, "send", die)
+    with pytest.raises(Died), transaction.atomic():
+        runs = [start_run("test-agent", f"run {i}") for i in range(3)]
+        Run.objects.filter(pk__in=[r.pk for r in runs]).update(
+            queued_at=timezone.now() - timedelta(minutes=1)
+        )
+    monkeypatch.setattr(wakeups, "send", publish)
+    assert Run.objects.filter(pk__in=[r.pk for r in runs]).count() == 3  # committed
+    assert wakeups.queued_messages() == 0
+    assert _lost(reap()) == []  # announced a moment ago: on their way
+    wait_for(lambda: _lost(reap()), timeout=5, interval=0.3, message="the announcement to expire")
+    assert _requeued() == 3
+    assert wakeups.queued_messages() == 3
+    reap()
+    assert _requeued() == 3
+
+
+def test_big_commit__an_announcement_that_lapsed_in_a_stall_is_made_again(
+    postgres, queue, settings, monkeypatch
+):
+    """A publisher stalled past its announcement's life (a saturated machine) announces the
+    wake-ups still to come again with its next one."""
+    settings.AGENTRUN_LEASE_SECONDS = 1
+    monkeypatch.setattr(wakeups, "ANNOUNCEMENT_MIN_SECONDS", 1.0)
+    announced: list[set[str]] = []
+    publish = wakeups.send
+
+    def send_stalled(run_id, countdown=None):
+        if len(announced) == 1:
+            time.sleep(1.3)  # the announcement lapses
+        announced.append(_announcements())
+        publish(run_id, countdown)
+
+    monkeypatch.setattr(wakeups, "send", send_stalled)
+    with transaction.atomic():
+        runs = [str(start_run("test-agent", f"run {i}").pk) for i in range(4)]
+    ours = [found & set(runs) for found in announced]  # another test's may linger a moment
+    assert ours[0] == set(runs)
+    assert ours[1] == set()  # lapsed
+    assert ours[2] == set(runs[2:])  # the ones still to go out, again
+    assert not _announcements() & set(runs)  # withdrawn after the last
+    assert wakeups.queued_messages() == 4
+
+
+def _announcements() -> set[str]:
+    """The run ids the broker's live announcements name."""
+    from example_project.celery import app
+
+    with app.connection_for_read() as conn:
+        client = conn.default_channel.client
+        keys = client.smembers(wakeups.COMING)
+        return {m.decode() for key in keys for m in client.smembers(key)}
+
+
+def test_lost_wakeup__a_worker_clock_ahead_cannot_keep_a_dead_message_fresh(
+    postgres, queue, settings
+):
+    """kombu dates a delivery by the consuming worker's clock. A worker whose clock ran an
+    hour ahead took a wake-up and died: by that date the message looked fresh for an hour
+    (the run waited that long). The reaper's own first sight of it (the broker's clock)
+    makes it old a lease later."""
+    settings.AGENTRUN_LEASE_SECONDS = 1
+    (run,) = _queued(1, timedelta(minutes=1))
+    wait_for(lambda: wakeups.queued_messages() == 1, timeout=5, message="1 message queued")
+    _deliver_all(queue, {str(run.pk): -3600.0})  # delivered "an hour from now"
+    assert _lost(reap()) == []  # first seen now: a worker may be about to claim it
+    time.sleep(1.2)
+    assert _lost(reap()) == [str(run.pk)]
+    reap()
+    assert _requeued() == 1
+
+
+def test_countdown__judged_by_the_broker_clock_not_the_publisher_eta(postgres, queue, settings):
+    """A countdown's `eta` is the publishing worker's clock: one an hour ahead put a
+    0.5 s wait an hour out, and the reaper, trusting it, left the run waiting. The wait is
+    now counted from the reaper's first sight of the message (the countdown travels as a
+    header): after it and a lease, a run still unclaimed is woken again."""
+    settings.AGENTRUN_LEASE_SECONDS = 1
+    (run,) = _queued(1, timedelta(minutes=1))
+    wait_for(lambda: wakeups.queued_messages() == 1, timeout=5, message="1 message queued")
+    purge_queue(queue)
+    wakeups.send(run.pk, countdown=0.5)
+    _deliver_all(queue, {str(run.pk): 0.0}, eta_ahead=3600)  # a worker holds it until "then"
+    assert _lost(reap()) == []  # its countdown still to run
+    time.sleep(1.7)  # the countdown and a lease
+    assert _lost(reap()) == [str(run.pk)]
