@@ -48,6 +48,7 @@ def claim(step: Step) -> Commit | Capped | None:
         if claimed is None:
             return None
         step.lease, step.run, step.took_over = claimed.lease, claimed.run, claimed.took_over
+        step.claimed_expiry = claimed.run.lease_expires_at
         step.load(claimed.turns, claimed.calls)
         if step.run.conversation_position and not step.settle_only:
             step.load_earlier(store.earlier_history(step.run))

@@ -13,8 +13,6 @@ from datetime import timedelta
 from enum import Enum
 from typing import Any, NamedTuple
 
-from django.utils import timezone
-
 from .. import signals, transitions
 from ..abort import LEASE_UNRENEWED
 from ..models import Run, ToolCall, Turn
@@ -402,7 +400,7 @@ def _ask_approval(step: Step, write: Write, facts: Facts) -> None:
         "run_id": str(step.run_id),
         "turn_index": call.turn_index,
     }
-    deadline = timezone.now() + timedelta(seconds=timeout) if timeout else None
+    deadline = step.now() + timedelta(seconds=timeout) if timeout else None
     transitions.ask_approval(write, call, payload, deadline)
 
 

@@ -8,8 +8,6 @@ import logging
 import random
 from typing import Any
 
-from django.utils import timezone
-
 from ..clients import RateLimited
 from ..conf import agentrun_settings
 from ..events import EventType
@@ -47,7 +45,7 @@ def parked(step: Step, turn: Turn, exc: RateLimited) -> Commit:
         base = settings.MODEL_RETRY_BASE_SECONDS * 2 ** max(0, parks - 1)
         delay = min(base, settings.MODEL_RETRY_MAX_SECONDS) * (1 + random.random() / 5)
     if step.run.deadline is not None:
-        left = (step.run.deadline - timezone.now()).total_seconds()
+        left = (step.run.deadline - step.now()).total_seconds()
         delay = min(delay, max(0.0, left) + 0.5)  # the claim then times the run out
     logger.info("Rate limited (%s), parked for %.1fs run_id=%s", exc, delay, step.run_id)
     limited = None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from enum import Enum
 from typing import Any
 
@@ -97,6 +98,7 @@ class Step:
         self.settle_only = settle_only  # the reaper's step: the recovery policy only
         self.steal_from = steal_from
         self.lease: Lease | None = None
+        self.claimed_expiry: datetime | None = None  # the lease's expiry the claim read
         self.took_over = False
         self.run: Run
         self.agent: Agent | None = None
@@ -172,8 +174,17 @@ class Step:
         """A new write of this run under the lease."""
         return Write(self.run, self.lease, nudge=streams.notify if self.publisher else None)
 
+    def now(self) -> datetime:
+        """The database's time, as the claim read it (its lease's expiry, less the lease)
+        and this process's monotonic clock has counted since: a deadline is judged, and an
+        approval's set, by the clock that judges leases, never by a wall clock that jumped.
+        Before a claim (or without one): this process's time."""
+        if self.lease is None or self.claimed_expiry is None:
+            return timezone.now()
+        return self.claimed_expiry + timedelta(seconds=time.monotonic() - self.lease.valid_until)
+
     def deadline_passed(self) -> bool:
-        return self.run.deadline is not None and self.run.deadline <= timezone.now()
+        return self.run.deadline is not None and self.run.deadline <= self.now()
 
     def may_keep_going(self) -> bool:
         """Whether this task goes on with the run's next turn itself (holding the lease and
