@@ -84,16 +84,22 @@ def _webhooks(world: World, monkeypatch: Any) -> None:
     interleaves), recorded so that two sends of one delivery at once are seen."""
     from django.conf import settings
 
+    from django_agentrun.conf import agentrun_settings
     from django_agentrun.store import outbox
     from django_agentrun.webhooks import delivery
 
     secret = "whsec_" + "QUJDREVGR0hJSktMTU5PUFFSU1RVVldY"  # 24 bytes
     hook = {"name": "explorer", "url": "https://hooks.example.test/in", "secret": secret}
-    monkeypatch.setattr(settings, "AGENTRUN_WEBHOOKS", [{**hook, "events": ["*"]}], raising=False)
-    monkeypatch.setattr(
-        settings, "AGENTRUN_WEBHOOK_SUBSCRIPTIONS_CACHE_SECONDS", None, raising=False
-    )
-    monkeypatch.setattr(settings, "AGENTRUN_WEBHOOK_LOST_AFTER_SECONDS", 0, raising=False)
+    # Django's settings and the app's reading of them (agentrun_settings keeps what it read
+    # until a setting_changed, which a plain setattr does not send: after another scenario
+    # in the same test had read AGENTRUN_WEBHOOKS, this one's subscription went unseen).
+    for name, value in (
+        ("WEBHOOKS", [{**hook, "events": ["*"]}]),
+        ("WEBHOOK_SUBSCRIPTIONS_CACHE_SECONDS", None),
+        ("WEBHOOK_LOST_AFTER_SECONDS", 0),
+    ):
+        monkeypatch.setattr(settings, f"AGENTRUN_{name}", value, raising=False)
+        monkeypatch.setattr(agentrun_settings, name, value, raising=False)
     monkeypatch.setattr(outbox, "_sender", lambda pk, countdown=None: world.hooks.append(pk))
 
     def post(row: Any) -> Any:
