@@ -4,6 +4,7 @@ back into test modules."""
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,13 @@ CHECKING = ("assert", "check", "expect", "wait_for", "race", "finish", "wait_don
 
 def _test_modules() -> list[Path]:
     return sorted(TESTS.rglob("test_*.py"))
+
+
+@functools.cache
+def _tree(path: Path) -> ast.Module:
+    """A module parsed once for all the checks of this file (each parametrized case used to
+    parse the whole suite again: about 80 s of CPU in a run)."""
+    return ast.parse(path.read_text())
 
 
 def _can_fail(node: ast.AST) -> bool:
@@ -61,7 +69,7 @@ def test_every_test_can_fail():
     asserts), by expecting an exception, or by a check that raises; never by running."""
     silent = []
     for path in _test_modules():
-        tree = ast.parse(path.read_text())
+        tree = _tree(path)
         helpers = _helpers(tree)
         checking = {name for name, node in helpers.items() if _can_fail(node)}
         for node in [
@@ -85,8 +93,7 @@ def test_shared_builders_are_defined_once(name):
     where = [
         str(path.relative_to(TESTS))
         for path in sorted(TESTS.rglob("*.py"))
-        if name in (helpers := _helpers(ast.parse(path.read_text())))
-        and not _delegates(helpers[name])
+        if name in (helpers := _helpers(_tree(path))) and not _delegates(helpers[name])
     ]
     assert len(where) == 1, f"{name} defined in {where}"
 
