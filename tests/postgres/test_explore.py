@@ -150,6 +150,7 @@ def test_explore__long(agent, monkeypatch, figures):
         result = explore(SCENARIOS[name], Guided(seed, coverage[name]), monkeypatch)
         if not result.ok:
             failures.append(report(result, seed))
+            print(failures[-1], flush=True)  # at once: a long run may be stopped before its end
         if (n + 1) % 500 == 0:
             print(f"{n + 1} schedules, {len(failures)} failing, {time.monotonic() - started:.0f}s")
     figures(
