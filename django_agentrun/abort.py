@@ -31,11 +31,23 @@ class AbortSignal:
         self.reason: str = ""
         self.reasons: set[str] = set()
         self.aborted = False  # set once, with the event, under the lock
+        # The lease holder's look before an effect (the heartbeat's `gate`), if any.
+        self.gate: Callable[[], object] | None = None
 
     @property
     def cancel_requested(self) -> bool:
         """Whether a cancel request is among the reasons (whichever came first)."""
         return CANCEL_REQUESTED in self.reasons
+
+    def before_effect(self) -> bool:
+        """Whether to stop before an effect (a model request, a tool's handler): aborted,
+        or found so by the gate first. The heartbeat's gate makes a process that was
+        stopped or starved past its lease's renewal take it back before it acts (or end,
+        if another holder took the run): its watchdog may not have woken yet."""
+        gate = self.gate
+        if gate is not None and not self.aborted:
+            gate()
+        return self.aborted
 
     def abort(self, reason: str = "cancelled") -> None:
         with self._lock:

@@ -186,7 +186,8 @@ class AnthropicModelClient:
                     retryable=True,
                     retry_after=verdict.wait,
                 )
-            if verdict.wait and abort.wait(verdict.wait):  # the pacing, bounded
+            if verdict.wait and (abort.wait(verdict.wait) or abort.before_effect()):
+                # The pacing, bounded (and the lease looked at again after it).
                 raise StreamAborted(f"model call aborted before it started: {abort.reason}")
         self._local.headers = None
         handle = _StreamHandle()

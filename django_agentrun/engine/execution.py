@@ -143,7 +143,7 @@ def handle(step: Step, call: ToolCall, tool: Tool | None) -> CallEnding | None:
     when it did not start (the abort signal fired first)."""
     if step.failpoints:
         failpoint("tool.before_handler", call.name)
-    if step.abort.aborted:
+    if step.before_effect():
         return None
     key = (call.turn_index, call.tool_call_id)
     step.started.discard(key)

@@ -60,6 +60,13 @@ def margin_seconds(lease_seconds: float) -> float:
     return min(1.0, lease_seconds / 10)
 
 
+def stop_before_seconds(lease_seconds: float) -> float:
+    """How long before the lease runs out a step without a renewal is aborted."""
+    return min(
+        agentrun_settings.CANCEL_GRACE_SECONDS + margin_seconds(lease_seconds), lease_seconds / 2
+    )
+
+
 def lateness_tolerance(lease_seconds: float, poll_seconds: float) -> float:
     """How late a heartbeat thread may wake before its process counts as stopped or starved
     (rather than merely busy): a poll, at least a tenth of the lease."""
@@ -129,8 +136,10 @@ class Heartbeat:
     def start(self) -> None:
         self._beat.start()
         self._watchdog.start()
+        self.abort.gate = self.gate
 
     def stop(self) -> None:
+        self.abort.gate = None
         self._stop.set()
         self._renewed.set()
         self._poke.set()
@@ -148,6 +157,26 @@ class Heartbeat:
                 self.taken_back,
                 self.lease.run_id,
             )
+
+    def gate(self) -> None:
+        """The step's own look at its lease before an effect (AbortSignal.before_effect): on
+        time (the usual case), nothing, not even a query. Past the point where the watchdog
+        aborts a step without a renewal (the process was stopped or starved, and the
+        watchdog, late too, may not have woken before this thread), the lease is taken back
+        first: if nobody took the run the step goes on; if somebody did, the beat ends the
+        process (it lapsed) before the effect starts; with no answer, the step is aborted.
+        Without it, a late worker resumed after the reaper had recovered its run could ask
+        the model again for the turn its successor had answered, or start a tool's handler
+        under the new holder's recovery (the schedule explorer's long run found the
+        first)."""
+        lease_seconds = agentrun_settings.LEASE_SECONDS
+        abort_at = self.valid_until - stop_before_seconds(lease_seconds)
+        now = time.monotonic()
+        if now < abort_at or self._stop.is_set():
+            return
+        if not self._lost and self._take_back(now - abort_at, lease_seconds):
+            return
+        self.abort.abort(LEASE_LOST if self._lost else LEASE_UNRENEWED)
 
     def _late(self, late: float) -> None:
         if late > self.lateness:
@@ -221,7 +250,7 @@ class Heartbeat:
         lease_seconds = agentrun_settings.LEASE_SECONDS
         poll = agentrun_settings.HEARTBEAT_SECONDS
         margin = margin_seconds(lease_seconds)
-        stop_before = min(agentrun_settings.CANCEL_GRACE_SECONDS + margin, lease_seconds / 2)
+        stop_before = stop_before_seconds(lease_seconds)
         tolerance = lateness_tolerance(lease_seconds, poll)
         due = None
         while not self._stop.is_set():

@@ -209,7 +209,7 @@ def call_model(
     `deltas` (a live view only: an attempt that fails starts them over)."""
     retries = agentrun_settings.MODEL_RETRIES
     for attempt in range(retries + 1):
-        if step.abort.aborted:
+        if step.before_effect():  # a late process takes its lease back first
             raise StreamAborted(step.abort.reason)
         sent = req if deltas is None else replace(req, on_event=deltas.attempt(attempt))
         try:

@@ -186,6 +186,15 @@ class Step:
     def deadline_passed(self) -> bool:
         return self.run.deadline is not None and self.run.deadline <= self.now()
 
+    def before_effect(self) -> bool:
+        """Whether to stop before an effect (a model request, a tool's handler): the abort
+        signal's `before_effect`, read here (a turn's path stays in the engine's files): a
+        process late past its lease's renewal takes it back first, or stops."""
+        gate = self.abort.gate
+        if gate is not None and not self.abort.aborted:
+            gate()
+        return self.abort.aborted
+
     def may_keep_going(self) -> bool:
         """Whether this task goes on with the run's next turn itself (holding the lease and
         the history) rather than handing it back to the queue: a bounded number of turns

@@ -9,7 +9,10 @@ from typing import Any
 from django_agentrun.abort import AbortSignal
 from django_agentrun.clients.anthropic import AnthropicModelClient
 from django_agentrun.clients.base import ModelRequest, ModelResponse, StreamAborted, Usage
+from django_agentrun.models import Turn
 from django_agentrun.testing.messages_api.validation import validate_request
+
+from .world import CURRENT
 
 
 class ExplorerClient:
@@ -20,6 +23,7 @@ class ExplorerClient:
         self.world.controller.point("model.request")
         if abort.aborted:
             raise StreamAborted(abort.reason)
+        self._sent()
         body = AnthropicModelClient.build_params(request)
         body.pop("betas", None)
         try:
@@ -35,3 +39,12 @@ class ExplorerClient:
             usage=Usage(input_tokens=10, output_tokens=5),
             model=request.model,
         )
+
+    def _sent(self) -> None:
+        """The model is never asked twice for a recorded turn (the request goes out now)."""
+        actor = CURRENT.get()
+        run_id, index = getattr(actor, "asking", None) or (None, None)
+        if run_id is None:
+            return
+        if Turn.objects.filter(run_id=run_id, index=index, content__isnull=False).exists():
+            self.world.truth.violated(f"the model was asked again for recorded turn {index}")

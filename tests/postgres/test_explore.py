@@ -12,7 +12,7 @@ from collections import Counter
 
 import pytest
 
-from tests.explorer.choosers import Guided, Script, exhaustive
+from tests.explorer.choosers import Guided, Replay, Script, exhaustive
 from tests.explorer.governor import Clock, schedule
 from tests.explorer.harness import SCENARIOS, explore, explorer_agent, report
 
@@ -133,6 +133,24 @@ def test_schedule__a_receiver_that_raises_skips_nothing(agent, monkeypatch):
         monkeypatch,
     )
     assert result.ok, report(result, "script")
+
+
+def test_schedule__a_late_worker_resumed_after_its_successor_answered_asks_nothing(
+    agent, monkeypatch
+):
+    """The long run's find (batch, seed 110214): W1 committed a turn's results and stood
+    before the next turn; its lease ran out and W2, the message delivered again, took the
+    run and asked the model for the next turn. W1 resumed and asked for that turn too: its
+    watchdog, late like the rest of the process, had not woken yet. The step's own look
+    before an effect (Heartbeat.gate) ends it first."""
+    picks = [0, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 3, 0, 0, 0, 0, 0, 1]
+    result = explore(SCENARIOS["batch"], Replay(picks), monkeypatch)
+    assert result.ok, report(result, "replay")
+    assert any("lease of" in step for step in result.steps)
+    # W1 let go at its model request, late, its run taken: ended there (no step after).
+    at = max(i for i, step in enumerate(result.steps) if step == "go W1#2 (model.request)")
+    assert at > result.steps.index("go W2#3 (model.request)")  # after its successor asked
+    assert not [step for step in result.steps[at + 1 :] if "W1#2" in step], result.steps
 
 
 @pytest.mark.skipif(not os.environ.get("EXPLORE_SCHEDULES"), reason="make explore SCHEDULES=N")
