@@ -112,7 +112,7 @@ def load(n: int, days: int) -> None:
             return
         started = time.monotonic()
         cursor.execute(
-            "TRUNCATE agentrun_runevent, agentrun_toolcall, agentrun_turn, agentrun_run CASCADE"
+            "TRUNCATE agentrun_runeventrow, agentrun_toolcall, agentrun_turn, agentrun_run CASCADE"
         )
         for statement in LOAD:
             cursor.execute(statement, {"n": n, "days": days})
