@@ -46,7 +46,8 @@ LOAD = [
         output_tokens, cache_creation_input_tokens, cache_read_input_tokens, cost_usd,
         turn_count, stop_reason, error_code, error_message, failure_phase, cancel_reason,
         lease_owner, lease_epoch, recovery_attempts, last_seq, created_at, updated_at,
-        queued_at, started_at, finished_at, context, rolled_back, request_hash)
+        queued_at, started_at, finished_at, context, rolled_back, request_hash,
+        trace_context, share_key)
     SELECT md5('r' || g)::uuid, 'agent-' || floor(20 * r1 * r1)::int,
         CASE WHEN g > %(n)s - 500 THEN 'queued' WHEN r2 < 0.85 THEN 'completed'
              WHEN r2 < 0.93 THEN 'failed' WHEN r2 < 0.97 THEN 'cancelled' ELSE 'timed_out' END,
@@ -57,7 +58,7 @@ LOAD = [
              THEN 'code_' || floor(12 * r5 * r5)::int ELSE '' END,
         '', '', '', '', 1, 0, 9, created, created, created, created + interval '2 seconds',
         CASE WHEN g > %(n)s - 500 THEN NULL
-             ELSE created + (5 + r5 * 600) * interval '1 second' END, '', false, ''
+             ELSE created + (5 + r5 * 600) * interval '1 second' END, '', false, '', '{}', ''
     FROM (
         SELECT g, random() AS r1, random() AS r2, random() AS r3, random() AS r4,
                random() AS r5,
