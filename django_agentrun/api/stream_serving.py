@@ -14,12 +14,13 @@ from asgiref.sync import SyncToAsync
 
 from ..conf import agentrun_settings
 from ..streams.reader import close_hub
+from .stream_checks import close_checks
 from .stream_reads import close_connections
 
 
 class Lease:
-    """One stream's bounds: when it ends (its lifetime), when its user is checked again,
-    and its place among the user's open streams (released when it ends)."""
+    """One stream's bounds: when it ends (its lifetime) and its place among the user's open
+    streams (renewed by the user's re-checks, stream_checks.py; released when it ends)."""
 
     def __init__(self, asgi: bool) -> None:
         self.asgi = asgi
@@ -29,20 +30,9 @@ class Lease:
         if not asgi:  # each WSGI stream holds a worker thread
             longest = min(longest, float(agentrun_settings.STREAM_WSGI_MAX_SECONDS))
         self.ends_at = now + longest
-        self.recheck = float(agentrun_settings.STREAM_RECHECK_SECONDS)
-        self.next_check = now + self.recheck
         # A place lapses this long after its last renewal (a web process that died).
-        self.lapse = self.recheck * 3 + 30
+        self.lapse = float(agentrun_settings.STREAM_RECHECK_SECONDS) * 3 + 30
         self.place: Any = None
-
-    @property
-    def wakes_at(self) -> float:
-        return min(self.ends_at, self.next_check)
-
-    async def renew(self) -> None:
-        self.next_check = time.monotonic() + self.recheck
-        if self.place is not None:
-            await self.place.renew()
 
     async def release(self) -> None:
         if self.place is not None:
@@ -101,7 +91,15 @@ class SyncStream:
         try:
             loop.run_until_complete(self.body.aclose())  # type: ignore[attr-defined]
             loop.run_until_complete(self.lease.release())
+            close_checks_on(loop)
             loop.run_until_complete(close_hub())
             loop.run_until_complete(loop.shutdown_default_executor())
         finally:
             loop.close()
+
+
+def close_checks_on(loop: asyncio.AbstractEventLoop) -> None:
+    async def close() -> None:
+        close_checks()
+
+    loop.run_until_complete(close())
