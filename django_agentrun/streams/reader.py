@@ -165,6 +165,17 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+class Item(dict):  # type: ignore[type-arg]
+    """An entry's data as a dict, decoded once for all the watchers of its stream; `framed`
+    keeps what a format made of it (the same frame for every watcher: encoded once)."""
+
+    __slots__ = ("framed",)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.framed: str | None = None
+
+
 def _entries(raw: Any) -> list[Entry]:
     out = []
     for entry_id, fields in raw or []:
@@ -173,7 +184,8 @@ def _entries(raw: Any) -> list[Entry]:
             item = json.loads(data)
         except (TypeError, ValueError):
             continue
-        out.append((_text(entry_id), item))
+        if isinstance(item, dict):
+            out.append((_text(entry_id), Item(item)))
     return out
 
 
