@@ -57,6 +57,10 @@ DELTA_FRAMES = {
     "ai-sdk": re.compile(rb'data: (\{"type":"text-delta"[^\n]*)'),
 }
 STAMP = re.compile(rb"(\d{10}\.\d{6});")
+# The committed answers (what supersedes the deltas a watcher had not been sent yet).
+ANSWERS = re.compile(
+    rb'(?:event: run_event\nid: [^\n]*\ndata: |data: \{"type":"text-start")([^\n]*)'
+)
 ENDS = {"events": b"event: end\n", "ai-sdk": b"data: [DONE]"}
 
 
@@ -122,6 +126,7 @@ class Watcher:
     fmt: str
     status: int = 0
     stamps: set[bytes] = field(default_factory=set)
+    recorded: set[bytes] = field(default_factory=set)  # in the committed answers
     delays: list[float] = field(default_factory=list)
     ended: bool = False  # read to the stream's end
     connected: asyncio.Event = field(default_factory=asyncio.Event)
@@ -154,14 +159,17 @@ async def watch(port: int, watcher: Watcher, gate: asyncio.Semaphore, stop: asyn
             if not chunk:
                 break
             arrived = time.time()
-            data, cut = rest + chunk, 0
-            cut = data.rfind(b"\n\n") + 2  # whole frames only (chunked framing aside)
+            data = rest + chunk
+            cut = data.rfind(b"\n\n")  # whole frames only (chunked framing aside)
+            cut = 0 if cut < 0 else cut + 2
             whole, rest = data[:cut], data[cut:]
             for found in frames.finditer(whole):
                 for stamp in STAMP.findall(found.group(1)):
                     if stamp not in watcher.stamps:
                         watcher.stamps.add(stamp)
                         watcher.delays.append(arrived - float(stamp))
+            for found in ANSWERS.finditer(whole):
+                watcher.recorded.update(STAMP.findall(found.group(1)))
             if end in whole:
                 watcher.ended = True
                 break
@@ -282,6 +290,8 @@ def live_scenario(args: Any, pool: Workers, port: int, pid: int, fmt: str) -> di
         "ended": sum(1 for w in watchers if w.ended),
         "sent": per_source * len(watchers),
         "delivered": sum(len(w.stamps) for w in watchers),
+        "superseded": sum(len(w.recorded - w.stamps) for w in watchers),
+        "per_watcher": sorted(len(w.stamps) for w in watchers),
         "median": statistics.median(delays) if delays else float("nan"),
         "p99": pct(delays, 99),
         "worst_median": max(medians) if medians else float("nan"),
@@ -395,7 +405,11 @@ def main() -> None:
         )
         print(
             f"  deltas delivered: {live['delivered']:,} of {live['sent']:,} "
-            f"({100 * live['delivered'] / max(1, live['sent']):.2f} %)"
+            f"({100 * live['delivered'] / max(1, live['sent']):.2f} %); "
+            f"{live['superseded']:,} more only in the committed answers (a watcher behind by "
+            "more than a turn gets the answer, not its deltas); per watcher min "
+            f"{live['per_watcher'][0]}, median {live['per_watcher'][len(live['per_watcher']) // 2]}"
+            f" of {args.turns * args.deltas}"
         )
         print(
             f"  delay worker -> watcher: median {live['median']:.1f} ms, p99 {live['p99']:.1f} ms"

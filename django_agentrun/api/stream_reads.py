@@ -181,6 +181,9 @@ class Snapshot:
     # The last position whose events may be sent yet (a conversation sends a run's events
     # once the runs before it have ended); deltas of a later run wait too.
     frontier: int = 0
+    # Its events as this app's own format frames them (by index), made once for all the
+    # streams that share this snapshot.
+    framed: dict[int, str] = field(default_factory=dict)
 
 
 def public_events(rows: list[RunEvent], run_id: Any) -> list[dict[str, Any]]:

@@ -50,7 +50,7 @@ from ..conf import agentrun_settings
 from ..streams import limits
 from ..streams.reader import Gap, Inbox, Revoked, RunDeltas, SlowReader, client, close_hub
 from . import stream_reads as reads
-from .sse import KEEPALIVE
+from .sse import KEEPALIVE, EventsFormat
 from .stream_checks import Watch, checks, close_checks
 from .stream_formats import ACCEPT, CONVERSATION_FORMATS, FORMATS
 from .stream_serving import Lease, SyncStream, release_request_thread
@@ -254,6 +254,7 @@ async def _stream(
     finally:
         if registered is not None:
             registered.remove(watch)
+        inbox.close()
         if deltas is not None:
             deltas.close()
         await lease.release()
@@ -344,12 +345,21 @@ class Following:
         """The snapshot's durable events; the stream's end once its source rests and
         everything was sent (`ended`)."""
         self.frontier = snapshot.frontier
-        for event, at in zip(snapshot.events, snapshot.cursors, strict=True):
+        # This app's own format frames an event the same for every stream: a snapshot
+        # shared by the process's streams (stream_reads.read_on) is framed once.
+        framed = snapshot.framed if type(self.fmt) is EventsFormat else None
+        for n, (event, at) in enumerate(zip(snapshot.events, snapshot.cursors, strict=True)):
             self.cursor = at
             turn = reads.answered_by(event)
             if turn > self.answered.get(at[0], -1):
                 self.answered[at[0]] = turn
-            yield from self.fmt.event(event, self.source.cursor_text(at))
+            if framed is None:
+                yield from self.fmt.event(event, self.source.cursor_text(at))
+            else:
+                found = framed.get(n)
+                if found is None:
+                    found = framed[n] = "".join(self.fmt.event(event, self.source.cursor_text(at)))
+                yield found
             self.last_output = self.loop.time()
         if not snapshot.more:
             # Every commit nudged before this read is in it: nothing is awaited any more.

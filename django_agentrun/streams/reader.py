@@ -79,11 +79,6 @@ class Revoked(Exception):
     """The watcher's user may no longer see what it watches (its periodic check)."""
 
 
-def _expire(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
-
-
 class Inbox:
     """What waits for one watcher: batches of entries (lists shared by every watcher of a
     stream: never changed), and signals (an exception to raise: `Gap`, `Revoked`,
@@ -91,7 +86,7 @@ class Inbox:
     SlowReader (the stream ends; its client reconnects with its cursor). One waiter at a
     time, woken without a task of its own."""
 
-    __slots__ = ("items", "limit", "held", "overflowed", "_waiter")
+    __slots__ = ("items", "limit", "held", "overflowed", "_waiter", "_timer")
 
     def __init__(self, limit: int) -> None:
         self.items: deque[Any] = deque()
@@ -99,6 +94,7 @@ class Inbox:
         self.held = 0
         self.overflowed = False
         self._waiter: asyncio.Future[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
 
     def put(self, item: Any) -> bool:
         """Queue a batch of entries (or a signal); False once the inbox overflowed."""
@@ -142,17 +138,33 @@ class Inbox:
         return self.get_nowait()
 
     async def wait(self, timeout: float) -> None:
-        """Until something is queued or `timeout` seconds passed."""
+        """Until something is queued or at most `timeout` seconds passed (maybe sooner: a
+        timer set for an earlier wait that is still to come is kept, not made anew for each
+        wait: a watcher that gets 50 deltas a second sets a timer once per timeout)."""
         if self.items:
             return
         loop = asyncio.get_running_loop()
+        when = loop.time() + max(0.0, timeout)
+        timer = self._timer
+        if timer is None or timer.when() > when:
+            if timer is not None:
+                timer.cancel()
+            self._timer = loop.call_at(when, self._on_timer)
         waiter = self._waiter = loop.create_future()
-        timer = loop.call_later(max(0.0, timeout), _expire, waiter)
         try:
             await waiter
         finally:
-            timer.cancel()
             self._waiter = None
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._wake()
+
+    def close(self) -> None:
+        """No more waits: its timer goes."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def drain(self) -> list[Any]:
         items = list(self.items)
@@ -347,6 +359,7 @@ class RunDeltas:
         return fresh
 
     def close(self) -> None:
+        self.inbox.close()
         if self.queue is not None:
             self.hub.unsubscribe(self.key, self.queue)
             self.queue = None
