@@ -111,6 +111,12 @@ def rss_kib(pid: int) -> int:
     return 0
 
 
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time the process used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def raise_open_files(wanted: int) -> int:
     """This process's open-files limit raised to `wanted` (at most the hard limit); the
     processes it starts inherit it."""
@@ -262,6 +268,7 @@ def live_scenario(args: Any, pool: Workers, port: int, pid: int, fmt: str) -> di
     loud, paths = start_runs(args.runs, pool, args.stream)
     before, threads_before = rss_kib(pid), threads(pid)
     sampler = Sampler(pid)
+    cpu: list[float] = []
 
     async def go() -> dict[str, Any]:
         sampling = asyncio.create_task(sampler.run())
@@ -270,9 +277,11 @@ def live_scenario(args: Any, pool: Workers, port: int, pid: int, fmt: str) -> di
         took = await _all_connected(watchers, 120)
         await asyncio.sleep(2)  # every stream past its first read, waiting
         connected = rss_kib(pid)
+        cpu_before = cpu_seconds(pid)
         await asyncio.to_thread(pool.start)
         await asyncio.to_thread(wait_done, loud)
         await asyncio.wait(tasks, timeout=30)  # the streams' ends
+        cpu.append(cpu_seconds(pid) - cpu_before)
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
         sampling.cancel()
@@ -300,6 +309,7 @@ def live_scenario(args: Any, pool: Workers, port: int, pid: int, fmt: str) -> di
         "rss": (before / 1024, out["connected"] / 1024),
         "connect_s": out["connect_s"],
         "turn": (statistics.median(quiet_t), statistics.median(loud_t)),
+        "cpu": cpu[0],
     }
 
 
@@ -418,6 +428,11 @@ def main() -> None:
         print(
             f"  uvicorn threads: {live['threads'][0]} before, at most {live['threads'][1]} "
             "while the watchers connected and read"
+        )
+        received = live["delivered"] + live["superseded"]
+        print(
+            f"  uvicorn CPU while the runs streamed: {live['cpu']:.1f} s "
+            f"({live['cpu'] * 1e6 / max(1, received):.1f} us per delta received)"
         )
         print(
             f"  memory per watcher: {live['kib']:.1f} KiB (uvicorn RSS "
