@@ -208,3 +208,117 @@ def test_hub__a_logout_ends_every_stream_of_its_session_within_the_bound(quick_c
     assert len(ended_after) == 10
     assert max(ended_after) < 0.5 + 1.0  # within the re-check's bound (and a margin)
     assert other_open
+
+
+@pytest.fixture
+def own_redis():
+    """A redis-server of this test's own for the streams (the broker stays where it is),
+    killed and started again by the test."""
+    import shutil
+    import subprocess
+
+    import redis
+
+    from django_agentrun.testing.processes import free_port
+
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("needs redis-server")
+    port = free_port()
+    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+
+    class Own:
+        url = f"redis://127.0.0.1:{port}/0"
+        proc: subprocess.Popen | None = None
+
+        def start(self) -> None:
+            self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
+            client = redis.Redis.from_url(self.url)
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    client.ping()
+                    return
+                except redis.ConnectionError:
+                    assert time.monotonic() < deadline, "redis-server did not start"
+                    time.sleep(0.05)
+
+        def kill(self) -> None:
+            assert self.proc is not None and self.proc.poll() is None
+            self.proc.kill()
+            self.proc.wait()
+
+    own = Own()
+    own.start()
+    yield own
+    if own.proc is not None and own.proc.poll() is None:
+        own.kill()
+
+
+def test_hub__redis_restarted_under_the_served_streams(workers, messages_api, own_redis, tmp_path):
+    """The streams' Redis killed while the first turn streams, started again (empty) at
+    once: every watcher receives every durable event once, in order, and the run's end;
+    the last turn, written after Redis came back, streams to them whole."""
+    from django.conf import settings
+
+    alice = factories.user("alice")
+    session = session_of(alice)
+
+    def slower(*blocks) -> Reply:  # about 0.6 s a turn
+        return Reply(list(blocks), chunk_size=4, delay=0.03)
+
+    messages_api.script = by_step(
+        [
+            slower(text("Otters hold hands. " * 4), tool_use("lookup", {"q": "o"})),
+            slower(text("While they sleep. " * 4), tool_use("lookup", {"q": "p"})),
+            slower(text("So that they do not drift apart. " * 4)),
+        ]
+    )
+    served = serve(
+        workers,
+        own_redis.url,
+        settings,
+        tmp_path,
+        AGENTRUN_STREAM_POLL_SECONDS="0.2",
+        AGENTRUN_STREAM_MAX_PER_USER="none",
+    )
+    run = start_run("test-agent", "Otters?", owner=alice)
+    port = served.port
+
+    async def go() -> list[Watcher]:
+        stop = asyncio.Event()
+        watchers = [
+            Watcher(port, f"/api/agentrun/runs/{run.pk}/stream/", session) for _ in range(20)
+        ]
+        tasks = [asyncio.ensure_future(w.run(stop)) for w in watchers]
+        while not all(w.status for w in watchers):
+            await asyncio.sleep(0.1)
+        await asyncio.to_thread(workers.start, **served.extra)
+        while not any(w.deltas() for w in watchers):  # the first turn streams
+            await asyncio.sleep(0.02)
+        await asyncio.to_thread(own_redis.kill)  # Redis gone under the hub, mid-turn
+        await asyncio.sleep(0.3)
+        await asyncio.to_thread(own_redis.start)  # back, empty
+        await asyncio.wait(tasks, timeout=90)
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return watchers
+
+    try:
+        watchers = asyncio.run(go())
+        wait_resting(run)
+    finally:
+        served.stop()
+        print(served.log.read_text()[-3000:])
+    stored = list(RunEvent.objects.filter(run=run).order_by("seq").values_list("seq", "type"))
+    last_answer = RunEvent.objects.filter(run=run, type="model_response").order_by("seq").last()
+    final = "".join(b["text"] for b in last_answer.payload["content"] if b["type"] == "text")
+    for n, watcher in enumerate(watchers):
+        frames = re.findall(r"event: run_event\nid: (\d+)\ndata: (\{[^\n]*)", watcher.body)
+        durable = [(int(seq), json.loads(data)["type"]) for seq, data in frames]
+        assert durable == stored, n  # every event, once, in order
+        assert '"run_state":"completed"' in watcher.body, n
+        streamed = "".join(
+            d["text"] for d in watcher.deltas() if d.get("kind") == "text" and d["turn"] == 2
+        )
+        assert streamed == final, n  # the last turn streamed whole, after Redis came back
