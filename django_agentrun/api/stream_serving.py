@@ -79,7 +79,8 @@ def stream_threads(application: Any) -> Any:
     Django makes and keeps while the request starts: 2,000 watchers connecting at once
     held 2,000 threads. Other requests are served as before. Wrap the project's ASGI
     application with it (`application = stream_threads(get_asgi_application())`). Needs
-    asgiref's ThreadSensitiveContext(executor=...) (3.10+); without it, nothing changes."""
+    asgiref's ThreadSensitiveContext(executor=...) (3.13 has it); without it, nothing
+    changes."""
     if not _TAKES_EXECUTOR:
         return application
     if not _SHARED:
