@@ -227,7 +227,8 @@ class Hub:
             inbox = Inbox(int(agentrun_settings.STREAM_BUFFER_ENTRIES))
         self.queues.setdefault(key, set()).add(inbox)
         position = self.positions.setdefault(key, after)
-        if not self.closed and (self.task is None or self.task.done()):
+        task = self.task
+        if not self.closed and (task is None or task.done() or task.cancelling()):
             self.task = asyncio.ensure_future(self._run())
         return inbox, position
 
@@ -238,6 +239,10 @@ class Hub:
             if not watchers:
                 del self.queues[key]
                 self.positions.pop(key, None)
+                if not self.queues and self.task is not None and not self.task.done():
+                    # The last watcher left: stop reading now, not after the read's block
+                    # (a process shutting down has nothing pending left behind).
+                    self.task.cancel()
 
     def watchers(self) -> int:
         return sum(len(found) for found in self.queues.values())
