@@ -114,8 +114,10 @@ class Inbox:
         return True
 
     def signal(self, exc: Exception) -> None:
-        """A signal that is not dropped: a revocation reaches even a full inbox."""
-        self.items.append(exc)
+        """A signal that is not dropped: a revocation reaches even a full inbox (the same
+        signal twice in a row is kept once: a watcher that does not read holds few)."""
+        if not (self.items and type(self.items[-1]) is type(exc)):
+            self.items.append(exc)
         self._wake()
 
     def _wake(self) -> None:
@@ -257,8 +259,8 @@ class Hub:
             except Exception as exc:  # noqa: BLE001 - tell the watchers, read again later
                 if not self.down:
                     logger.warning("Live streams: Redis read failed (%s), retrying", exc)
-                self.down = True
-                self._tell_all(Gap())
+                    self.down = True
+                    self._tell_all(Gap())  # once: they poll the database while it is down
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, RETRY_MOST)
                 continue
