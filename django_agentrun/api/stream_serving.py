@@ -69,7 +69,7 @@ def release_request_thread() -> None:
 STREAM_PATH = re.compile(r"/(runs|conversations)/[^/]+/stream/?$")
 SHARED_THREADS = 4
 _SHARED: list[ThreadPoolExecutor] = []
-_TAKES_EXECUTOR = "executor" in inspect.signature(ThreadSensitiveContext).parameters
+TAKES_EXECUTOR = "executor" in inspect.signature(ThreadSensitiveContext).parameters
 
 
 def stream_threads(application: Any) -> Any:
@@ -81,7 +81,7 @@ def stream_threads(application: Any) -> Any:
     application with it (`application = stream_threads(get_asgi_application())`). Needs
     asgiref's ThreadSensitiveContext(executor=...) (3.13 has it); without it, nothing
     changes."""
-    if not _TAKES_EXECUTOR:
+    if not TAKES_EXECUTOR:
         return application
     if not _SHARED:
         _SHARED.extend(

@@ -13,7 +13,7 @@ from django_agentrun.api import stream_serving
 from django_agentrun.api.stream_serving import stream_threads
 
 pytestmark = pytest.mark.skipif(
-    not stream_serving._TAKES_EXECUTOR, reason="asgiref without ThreadSensitiveContext(executor)"
+    not stream_serving.TAKES_EXECUTOR, reason="asgiref without ThreadSensitiveContext(executor)"
 )
 
 
