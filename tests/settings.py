@@ -39,9 +39,18 @@ AGENTRUN_GOVERNOR_URL = os.environ.get("AGENTRUN_GOVERNOR_URL", "")
 for _name, _value in json.loads(os.environ.get("AGENTRUN_TEST_WEBHOOK_SETTINGS", "{}")).items():
     globals()[f"AGENTRUN_{_name}"] = _value
 AGENTRUN_STREAM_PREFIX = os.environ.get("AGENTRUN_STREAM_PREFIX", "agentrun-test:stream")
-for _name in ("STREAM_KEEPALIVE_SECONDS", "STREAM_POLL_SECONDS", "CAPPED_RETRY_SECONDS"):
+for _name in (
+    "STREAM_KEEPALIVE_SECONDS",
+    "STREAM_POLL_SECONDS",
+    "STREAM_RECHECK_SECONDS",
+    "CAPPED_RETRY_SECONDS",
+):
     if os.environ.get(f"AGENTRUN_{_name}"):
         globals()[f"AGENTRUN_{_name}"] = float(os.environ[f"AGENTRUN_{_name}"])
+# Open streams per user (tests/workers/test_stream_hub.py: many watchers, one user).
+if os.environ.get("AGENTRUN_STREAM_MAX_PER_USER"):
+    _limit = os.environ["AGENTRUN_STREAM_MAX_PER_USER"]
+    AGENTRUN_STREAM_MAX_PER_USER = None if _limit == "none" else int(_limit)
 # A cap on the runs of one fair-share key worked at once (tests/workers/test_governor.py).
 if os.environ.get("AGENTRUN_MAX_RUNS_PER_KEY"):
     AGENTRUN_MAX_RUNS_PER_KEY = int(os.environ["AGENTRUN_MAX_RUNS_PER_KEY"])

@@ -60,7 +60,13 @@ class EventsFormat:
         return [frame(event, event="run_event", id=cursor)]
 
     def delta(self, delta: dict[str, Any]) -> list[str]:
-        return [frame(delta, event="delta")]
+        # A delta the hub decoded (streams.reader.Item) is framed once for all its watchers.
+        framed = getattr(delta, "framed", None)
+        if framed is None:
+            framed = frame(delta, event="delta")
+            if hasattr(delta, "framed"):
+                delta.framed = framed  # type: ignore[attr-defined]
+        return [framed]
 
     def close(self, run_state: str, cursor: str) -> list[str]:
         return [frame({"run_state": run_state, "cursor": cursor}, event="end")]

@@ -95,20 +95,39 @@ def authenticate(request: Any) -> tuple[Any, str | None, Refusal | None]:
     return None, None, (status, body["code"], body["detail"], {})
 
 
+@dataclass
+class Allowed:
+    """What one user may still see, as one re-check found it: the sessions that still sign
+    them in, the runs and the conversations (of those asked about) visible to them."""
+
+    sessions: set[str]
+    runs: set[Any]
+    conversations: set[Any]
+
+
 @short_read
-def may_see(what: str, ident: Any, user_id: Any, session_key: str | None = None) -> bool:
-    """Whether the user `user_id` may still see the run (or conversation) `ident`: still
-    there, still active, and allowed (read afresh: permissions are not cached across calls);
-    and, for a stream a session opened, whether that session is still theirs (`session_valid`)."""
+def allowed(user_id: Any, sessions: set[str], runs: set[Any], conversations: set[Any]):
+    """The re-check of all of a user's open streams in a process at once (`Allowed`), or
+    None when the user is gone or inactive. The user is read afresh (permissions are not
+    cached across checks); a stream a session opened needs that session still theirs
+    (`session_valid`)."""
     from django.contrib.auth import get_user_model
 
     user = get_user_model()._default_manager.filter(pk=user_id).first()
     if user is None or not getattr(user, "is_active", True):
-        return False
-    if session_key is not None and not session_valid(session_key, user):
-        return False
-    model = Run if what == "run" else Conversation
-    return model.objects.visible_to(user).filter(pk=ident).exists()
+        return None
+    found = Allowed({key for key in sessions if session_valid(key, user)}, set(), set())
+    if runs:
+        found.runs = set(
+            Run.objects.visible_to(user).filter(pk__in=runs).values_list("pk", flat=True)
+        )
+    if conversations:
+        found.conversations = set(
+            Conversation.objects.visible_to(user)
+            .filter(pk__in=conversations)
+            .values_list("pk", flat=True)
+        )
+    return found
 
 
 def session_valid(key: str, user: Any) -> bool:
@@ -162,6 +181,9 @@ class Snapshot:
     # The last position whose events may be sent yet (a conversation sends a run's events
     # once the runs before it have ended); deltas of a later run wait too.
     frontier: int = 0
+    # Its events as this app's own format frames them (by index), made once for all the
+    # streams that share this snapshot.
+    framed: dict[int, str] = field(default_factory=dict)
 
 
 def public_events(rows: list[RunEvent], run_id: Any) -> list[dict[str, Any]]:
@@ -265,7 +287,7 @@ def read_conversation(
     )
 
 
-_shared: dict[tuple[int, Any, Any, Cursor], asyncio.Future[Snapshot | None]] = {}
+_shared: dict[tuple[Any, ...], asyncio.Future[Snapshot | None]] = {}
 
 
 async def read_on(read: Any, ident: Any, after: Cursor) -> Snapshot | None:
@@ -278,6 +300,19 @@ async def read_on(read: Any, ident: Any, after: Cursor) -> Snapshot | None:
         found = _shared[key] = asyncio.ensure_future(read(ident, None, after))
         found.add_done_callback(lambda _: _shared.pop(key, None))
     # Shielded: one stream that goes away does not cancel the others' read.
+    return await asyncio.shield(found)
+
+
+async def read_first(read: Any, ident: Any, user: Any, after: Cursor) -> Snapshot | None:
+    """A stream's first read (`read(ident, user, after, first=True)`: visibility checked),
+    shared by the streams of this event loop that open at the same time for the same user,
+    source and cursor (2,000 watchers connecting at once cost a read per source, not per
+    watcher). Its result is shared too: nobody may change it."""
+    key = (id(asyncio.get_running_loop()), read, ident, after, "first", user.pk)
+    found = _shared.get(key)
+    if found is None:
+        found = _shared[key] = asyncio.ensure_future(read(ident, user, after, first=True))
+        found.add_done_callback(lambda _: _shared.pop(key, None))
     return await asyncio.shield(found)
 
 

@@ -1,25 +1,31 @@
 """How a live stream is served, apart from what it says: its bounds in time (a `Lease`),
-the thread Django gave the request (let go under ASGI), and a synchronous iterator for
-WSGI servers (`SyncStream`)."""
+the thread Django gave the request (let go under ASGI; or a few threads shared by every
+stream request of the process: `stream_threads`), and a synchronous iterator for WSGI
+servers (`SyncStream`)."""
 
 from __future__ import annotations
 
 import asyncio
+import inspect
+import itertools
 import math
+import re
 import time
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from asgiref.sync import SyncToAsync
+from asgiref.sync import SyncToAsync, ThreadSensitiveContext
 
 from ..conf import agentrun_settings
 from ..streams.reader import close_hub
+from .stream_checks import close_checks
 from .stream_reads import close_connections
 
 
 class Lease:
-    """One stream's bounds: when it ends (its lifetime), when its user is checked again,
-    and its place among the user's open streams (released when it ends)."""
+    """One stream's bounds: when it ends (its lifetime) and its place among the user's open
+    streams (renewed by the user's re-checks, stream_checks.py; released when it ends)."""
 
     def __init__(self, asgi: bool) -> None:
         self.asgi = asgi
@@ -29,20 +35,9 @@ class Lease:
         if not asgi:  # each WSGI stream holds a worker thread
             longest = min(longest, float(agentrun_settings.STREAM_WSGI_MAX_SECONDS))
         self.ends_at = now + longest
-        self.recheck = float(agentrun_settings.STREAM_RECHECK_SECONDS)
-        self.next_check = now + self.recheck
         # A place lapses this long after its last renewal (a web process that died).
-        self.lapse = self.recheck * 3 + 30
+        self.lapse = float(agentrun_settings.STREAM_RECHECK_SECONDS) * 3 + 30
         self.place: Any = None
-
-    @property
-    def wakes_at(self) -> float:
-        return min(self.ends_at, self.next_check)
-
-    async def renew(self) -> None:
-        self.next_check = time.monotonic() + self.recheck
-        if self.place is not None:
-            await self.place.renew()
 
     async def release(self) -> None:
         if self.place is not None:
@@ -62,10 +57,47 @@ def release_request_thread() -> None:
     context = context_var.get(None) if context_var is not None else None
     if context is None or executors is None:
         return
+    if executors.get(context) in _SHARED:
+        return  # one of stream_threads' few threads: it stays
     executor = executors.pop(context, None)
     if executor is not None:
         executor.submit(close_connections)
         executor.shutdown(wait=False)
+
+
+# The requests of live streams (a run's, a conversation's).
+STREAM_PATH = re.compile(r"/(runs|conversations)/[^/]+/stream/?$")
+SHARED_THREADS = 4
+_SHARED: list[ThreadPoolExecutor] = []
+TAKES_EXECUTOR = "executor" in inspect.signature(ThreadSensitiveContext).parameters
+
+
+def stream_threads(application: Any) -> Any:
+    """`application` (an ASGI app: Django's) with the synchronous parts of every stream
+    request (synchronous middleware, the `request_started` signal) run on a few threads
+    shared by all of them (SHARED_THREADS), instead of a thread of each request's own that
+    Django makes and keeps while the request starts: 2,000 watchers connecting at once
+    held 2,000 threads. Other requests are served as before. Wrap the project's ASGI
+    application with it (`application = stream_threads(get_asgi_application())`). Needs
+    asgiref's ThreadSensitiveContext(executor=...) (3.13 has it); without it, nothing
+    changes."""
+    if not TAKES_EXECUTOR:
+        return application
+    if not _SHARED:
+        _SHARED.extend(
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentrun-stream-request")
+            for _ in range(SHARED_THREADS)
+        )
+    turns = itertools.cycle(_SHARED)
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope.get("type") == "http" and STREAM_PATH.search(scope.get("path", "")):
+            async with ThreadSensitiveContext(executor=next(turns)):
+                await application(scope, receive, send)
+        else:
+            await application(scope, receive, send)
+
+    return app
 
 
 class SyncStream:
@@ -101,7 +133,15 @@ class SyncStream:
         try:
             loop.run_until_complete(self.body.aclose())  # type: ignore[attr-defined]
             loop.run_until_complete(self.lease.release())
+            close_checks_on(loop)
             loop.run_until_complete(close_hub())
             loop.run_until_complete(loop.shutdown_default_executor())
         finally:
             loop.close()
+
+
+def close_checks_on(loop: asyncio.AbstractEventLoop) -> None:
+    async def close() -> None:
+        close_checks()
+
+    loop.run_until_complete(close())

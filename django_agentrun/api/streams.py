@@ -48,9 +48,10 @@ from django.views.decorators.csrf import csrf_exempt
 from .. import streams
 from ..conf import agentrun_settings
 from ..streams import limits
-from ..streams.reader import RunDeltas, SlowReader, client, close_hub
+from ..streams.reader import Gap, Inbox, Revoked, RunDeltas, SlowReader, client, close_hub
 from . import stream_reads as reads
-from .sse import KEEPALIVE
+from .sse import KEEPALIVE, EventsFormat
+from .stream_checks import Watch, checks, close_checks
 from .stream_formats import ACCEPT, CONVERSATION_FORMATS, FORMATS
 from .stream_serving import Lease, SyncStream, release_request_thread
 
@@ -156,6 +157,11 @@ async def _open(
         after = parse(cursor_value(request))
     except streams.InvalidCursor as exc:
         return bad_cursor(exc)
+    asgi = isinstance(request, ASGIRequest)
+    if asgi:
+        # The middleware's work is done: the thread Django keeps for it goes now, not once
+        # the body starts (2,000 watchers connecting at once held 2,000 threads meanwhile).
+        release_request_thread()
     user, session, refusal = await reads.authenticate(request)
     if refusal is not None:
         return error(*refusal)
@@ -165,18 +171,18 @@ async def _open(
         return error(404, "not_found", f"No such {what}.")
     source = source_of(ident)
     source.what, source.user_id, source.session = what, user.pk, session
-    first = await source.read(ident, user, after, first=True)
+    first = await reads.read_first(source.read, ident, user, after)
     if first is None:
         return error(404, "not_found", f"No such {what}.")
     if first.resting and not first.events:
         return HttpResponse(status=204)
     if request.method == "HEAD":
         return with_headers(HttpResponse(), formats[fmt](ident))
-    asgi = isinstance(request, ASGIRequest)
     lease = Lease(asgi)
     place = await limits.take(user.pk, lease.lapse)
     if not asgi:
         await close_hub()  # this loop ends with the view: the stream runs on its own
+        close_checks()
     if place is None:
         limit = agentrun_settings.STREAM_MAX_PER_USER
         return error(
@@ -225,74 +231,60 @@ def with_headers(response: HttpResponse, fmt: Any) -> HttpResponse:
 async def _stream(
     fmt: Any, source: Source, after: reads.Cursor, snapshot: reads.Snapshot, lease: Lease
 ) -> AsyncIterator[str]:
+    """The stream's body: what each round brings (the durable events read, the live deltas
+    that came) sent as one chunk, the same bytes as frame by frame, in one send."""
+    inbox = Inbox(int(agentrun_settings.STREAM_BUFFER_ENTRIES))
+    watch = Watch(source.user_id, source.session, source.what, source.ident, inbox, lease)
+    deltas: RunDeltas | None = None
+    registered = None
     try:
         if lease.asgi:
             release_request_thread()
-        for chunk in fmt.open():
-            yield chunk
-        async for chunk in _with_deltas(fmt, source, after, snapshot, lease):
+        hub = client()
+        entries: list[Any] = []
+        if hub is not None:
+            deltas = RunDeltas(hub, source.key, inbox)
+            entries = await deltas.catch_up()
+        registered = checks()
+        registered.add(watch)
+        follow = Following(fmt, source, after, snapshot, deltas, lease, inbox)
+        out = list(fmt.open())
+        async for chunk in _follow(follow, snapshot, entries, out):
             yield chunk
     finally:
+        if registered is not None:
+            registered.remove(watch)
+        inbox.close()
+        if deltas is not None:
+            deltas.close()
         await lease.release()
 
 
-async def _with_deltas(
-    fmt: Any, source: Source, after: reads.Cursor, snapshot: reads.Snapshot, lease: Lease
-) -> AsyncIterator[str]:
-    hub = client()
-    deltas = RunDeltas(hub, source.key) if hub is not None else None
-    entries: list[Any] = []
-    if deltas is not None:
-        try:
-            entries = await deltas.catch_up()
-        except Exception as exc:  # noqa: BLE001 - no Redis after all: durable events only
-            logger.warning("Live stream without deltas (%s) key=%s", exc, source.key)
-            deltas.close()
-            deltas = None
-    try:
-        async for chunk in _follow(fmt, source, after, snapshot, deltas, entries, lease):
-            yield chunk
-    finally:
-        if deltas is not None:
-            deltas.close()
-
-
 async def _follow(
-    fmt: Any,
-    source: Source,
-    cursor: reads.Cursor,
-    snapshot: reads.Snapshot | None,
-    deltas: RunDeltas | None,
-    entries: list[Any],
-    lease: Lease,
+    follow: Following, snapshot: reads.Snapshot | None, entries: list[Any], out: list[str]
 ) -> AsyncIterator[str]:
     """Each round: the durable events read (the first snapshot, then whatever a nudge or
     the timer asks for), the live deltas that came, the stream's bounds, then a read of
     the database or a wait for what comes next."""
-    follow = Following(fmt, source, cursor, snapshot, deltas, lease)
+    fmt, source, lease = follow.fmt, follow.source, follow.lease
     while True:
         if snapshot is not None:
-            for chunk in follow.events(snapshot):
-                yield chunk
+            out.extend(follow.events(snapshot))
             if follow.ended:
+                yield "".join(out)
                 return
             snapshot = None
-        for chunk in follow.live(entries):
-            yield chunk
+        out.extend(follow.live(entries))
         entries = follow.held
+        if out:
+            yield "".join(out)
+            out = []
         now = follow.loop.time()
         if now >= lease.ends_at:
             # Its time is up: end it without its end, so that the client reconnects after
             # the last cursor it received (and is authenticated and checked again).
-            for chunk in fmt.pause(source.cursor_text(follow.cursor)):
-                yield chunk
+            yield "".join(fmt.pause(source.cursor_text(follow.cursor)))
             return
-        if now >= lease.next_check:
-            if not await reads.may_see(source.what, source.ident, source.user_id, source.session):
-                logger.info("Live stream ended: no longer visible key=%s", source.key)
-                return
-            await lease.renew()
-            continue
         if follow.need_db or now >= follow.next_poll:
             snapshot = await reads.read_on(source.read, source.ident, follow.cursor)
             if snapshot is None:
@@ -306,8 +298,10 @@ async def _follow(
         except SlowReader:
             # More waited for this client than it may hold: let it go (it reconnects).
             logger.info("Live stream ended: the client reads too slowly key=%s", source.key)
-            for chunk in fmt.pause(source.cursor_text(follow.cursor)):
-                yield chunk
+            yield "".join(fmt.pause(source.cursor_text(follow.cursor)))
+            return
+        except Revoked:
+            logger.info("Live stream ended: no longer visible key=%s", source.key)
             return
 
 
@@ -323,8 +317,13 @@ class Following:
         snapshot: reads.Snapshot | None,
         deltas: RunDeltas | None,
         lease: Lease,
+        inbox: Inbox | None = None,
     ) -> None:
         self.fmt, self.source, self.deltas, self.lease = fmt, source, deltas, lease
+        # Where the hub's entries and the stream's signals (Revoked) come.
+        if inbox is None:
+            inbox = deltas.inbox if deltas is not None else Inbox(1)
+        self.inbox = inbox
         self.loop = asyncio.get_running_loop()
         self.keepalive = float(agentrun_settings.STREAM_KEEPALIVE_SECONDS)
         self.poll = float(agentrun_settings.STREAM_POLL_SECONDS)
@@ -346,12 +345,21 @@ class Following:
         """The snapshot's durable events; the stream's end once its source rests and
         everything was sent (`ended`)."""
         self.frontier = snapshot.frontier
-        for event, at in zip(snapshot.events, snapshot.cursors, strict=True):
+        # This app's own format frames an event the same for every stream: a snapshot
+        # shared by the process's streams (stream_reads.read_on) is framed once.
+        framed = snapshot.framed if type(self.fmt) is EventsFormat else None
+        for n, (event, at) in enumerate(zip(snapshot.events, snapshot.cursors, strict=True)):
             self.cursor = at
             turn = reads.answered_by(event)
             if turn > self.answered.get(at[0], -1):
                 self.answered[at[0]] = turn
-            yield from self.fmt.event(event, self.source.cursor_text(at))
+            if framed is None:
+                yield from self.fmt.event(event, self.source.cursor_text(at))
+            else:
+                found = framed.get(n)
+                if found is None:
+                    found = framed[n] = "".join(self.fmt.event(event, self.source.cursor_text(at)))
+                yield found
             self.last_output = self.loop.time()
         if not snapshot.more:
             # Every commit nudged before this read is in it: nothing is awaited any more.
@@ -360,7 +368,8 @@ class Following:
             yield from self.fmt.close(snapshot.state, self.source.cursor_text(self.cursor))
             self.ended = True
             return
-        seldom = SAFETY_POLL_FACTOR if self.deltas else 1
+        live = self.deltas is not None and not self.deltas.hub.down
+        seldom = SAFETY_POLL_FACTOR if live else 1
         self.next_poll = self.loop.time() + (0 if snapshot.more else self.poll * seldom)
 
     def live(self, entries: list[Any]) -> Iterator[str]:
@@ -418,22 +427,23 @@ class Following:
             self.last_output = self.loop.time()
 
     async def wait(self, now: float, held: list[Any]) -> list[Any]:
-        """Wait for the next entries until the next poll, keep-alive or check is due; the
-        `held` ones when none came (no Redis, or Redis went away: polling instead).
-        SlowReader: more waited for this client than it may hold."""
+        """Wait for the next entries until the next poll or keep-alive is due; the `held`
+        ones when none came (no Redis, or Redis failing: the database is read meanwhile).
+        Raises SlowReader (more waited for this client than it may hold) and Revoked (its
+        user may no longer see it)."""
         wait = max(
-            0.0, min(self.next_poll, self.last_output + self.keepalive, self.lease.wakes_at) - now
+            0.0, min(self.next_poll, self.last_output + self.keepalive, self.lease.ends_at) - now
         )
         if self.deltas is None:
-            await asyncio.sleep(wait)
+            await self.inbox.wait(wait)
+            for signal in self.inbox.drain():
+                if isinstance(signal, Exception):
+                    raise signal
             return held
         try:
             return await self.deltas.next(wait)
-        except SlowReader:
-            raise
-        except Exception as exc:  # noqa: BLE001 - Redis went away: poll the database instead
-            logger.warning("Live stream lost Redis (%s) key=%s", exc, self.source.key)
-            self.deltas.close()
-            self.deltas = None
-            self.next_poll = min(self.next_poll, self.loop.time() + self.poll)
+        except Gap:
+            # The hub missed entries (Redis failed, or it is back): read the database now,
+            # and every poll while Redis fails.
+            self.need_db = True
             return held

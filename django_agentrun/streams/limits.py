@@ -76,6 +76,26 @@ class Place:
             logger.warning("Could not free a stream's place (%s) user=%s", exc, self.user_id)
 
 
+async def renew_all(places: list[Place]) -> None:
+    """Renew every place of `places` (one Redis command per user: a process's re-check of a
+    user's streams renews all of their places at once)."""
+    hub = client()
+    by_user: dict[Any, dict[str, float]] = {}
+    lapse_at = time.time()
+    for place in places:
+        if place.shared and not place.released:
+            by_user.setdefault(place.user_id, {})[place.token] = lapse_at + place.lapse
+    if hub is None or not by_user:
+        return
+    try:
+        pipe = hub.redis.pipeline(transaction=False)
+        for user_id, tokens in by_user.items():
+            pipe.zadd(user_key(user_id), tokens)
+        await pipe.execute()
+    except Exception as exc:  # noqa: BLE001 - the places lapse; the streams go on
+        logger.warning("Could not renew streams' places (%s)", exc)
+
+
 async def take(user_id: Any, lapse: float) -> Place | None:
     """A place for one more stream of `user_id`, or None (the user holds the maximum)."""
     limit = agentrun_settings.STREAM_MAX_PER_USER
