@@ -179,6 +179,52 @@ def messages_api() -> Iterator[MessagesAPIServer]:
         yield server
 
 
+@pytest.fixture
+def own_redis():
+    """A redis-server of this test's own (the broker's and the streams' stay where they
+    are), which the test may kill and start again (empty); killed after it if alive."""
+    import shutil
+    import subprocess
+    import time
+
+    import redis
+
+    from django_agentrun.testing.processes import free_port
+
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("needs redis-server")
+    port = free_port()
+    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+
+    class Own:
+        url = f"redis://127.0.0.1:{port}/0"
+        proc: subprocess.Popen | None = None
+
+        def start(self) -> None:
+            self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
+            client = redis.Redis.from_url(self.url)
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    client.ping()
+                    return
+                except redis.ConnectionError:
+                    assert time.monotonic() < deadline, "redis-server did not start"
+                    time.sleep(0.05)
+
+        def kill(self) -> None:
+            assert self.proc is not None and self.proc.poll() is None
+            self.proc.kill()
+            self.proc.wait()
+
+    own = Own()
+    own.start()
+    yield own
+    if own.proc is not None and own.proc.poll() is None:
+        own.kill()
+
+
 STREAM_REDIS_DB = 13  # the live streams' Redis db in tests (the broker's is 9)
 
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
-import subprocess
 import time
 
 import pytest
@@ -18,7 +16,6 @@ import redis
 
 from django_agentrun.streams import reader
 from django_agentrun.streams.reader import Gap, RunDeltas, SlowReader
-from django_agentrun.testing.processes import free_port
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -136,42 +133,6 @@ def test_hub__a_watcher_cancelled_while_it_waits_leaves_the_others_reading(strea
     texts, alive, ended = asyncio.run(go())
     assert texts == ["after;"] and alive
     assert ended  # the last watcher left: the hub's loop ended
-
-
-@pytest.fixture
-def own_redis():
-    """A redis-server of this test's own (killed and started again by it)."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.skip("needs redis-server")
-    port = free_port()
-    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-
-    class Own:
-        url = f"redis://127.0.0.1:{port}/0"
-        proc: subprocess.Popen | None = None
-
-        def start(self) -> None:
-            self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
-            client = redis.Redis.from_url(self.url)
-            deadline = time.monotonic() + 10
-            while True:
-                try:
-                    client.ping()
-                    return
-                except redis.ConnectionError:
-                    assert time.monotonic() < deadline, "redis-server did not start"
-                    time.sleep(0.05)
-
-        def kill(self) -> None:
-            assert self.proc is not None
-            self.proc.kill()
-            self.proc.wait()
-
-    own = Own()
-    own.start()
-    yield own
-    own.kill()
 
 
 def test_hub__redis_killed_and_started_again_under_it(own_redis, settings):

@@ -19,7 +19,7 @@ FACTORIES = (
     "crashed_at",
     "by_message",
 )
-FIXTURES = ("no_broker", "postgres", "test_log", "messages_api", "queue")
+FIXTURES = ("no_broker", "postgres", "test_log", "messages_api", "queue", "own_redis")
 HELPERS = ("drive", "drive_last", "assert_api_error", "assert_projection_matches", "wait_for")
 # Helpers whose name means "this checks": a test that calls one asserts through it.
 CHECKING = ("assert", "check", "expect", "wait_for", "race", "finish", "wait_done")

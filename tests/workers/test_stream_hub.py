@@ -210,51 +210,6 @@ def test_hub__a_logout_ends_every_stream_of_its_session_within_the_bound(quick_c
     assert other_open
 
 
-@pytest.fixture
-def own_redis():
-    """A redis-server of this test's own for the streams (the broker stays where it is),
-    killed and started again by the test."""
-    import shutil
-    import subprocess
-
-    import redis
-
-    from django_agentrun.testing.processes import free_port
-
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.skip("needs redis-server")
-    port = free_port()
-    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-
-    class Own:
-        url = f"redis://127.0.0.1:{port}/0"
-        proc: subprocess.Popen | None = None
-
-        def start(self) -> None:
-            self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
-            client = redis.Redis.from_url(self.url)
-            deadline = time.monotonic() + 10
-            while True:
-                try:
-                    client.ping()
-                    return
-                except redis.ConnectionError:
-                    assert time.monotonic() < deadline, "redis-server did not start"
-                    time.sleep(0.05)
-
-        def kill(self) -> None:
-            assert self.proc is not None and self.proc.poll() is None
-            self.proc.kill()
-            self.proc.wait()
-
-    own = Own()
-    own.start()
-    yield own
-    if own.proc is not None and own.proc.poll() is None:
-        own.kill()
-
-
 def test_hub__redis_restarted_under_the_served_streams(workers, messages_api, own_redis, tmp_path):
     """The streams' Redis killed while the first turn streams, started again (empty) at
     once: every watcher receives every durable event once, in order, and the run's end;
