@@ -145,7 +145,9 @@ def _drive(step: Step, commit: Commit, heartbeat: bool) -> str:
         commit = _send_all(step, commit)
         if commit.then in (Then.LEAVE, Then.EXPIRE):
             logger.warning("%s run_id=%s epoch=%s", commit.reason, step.run_id, lease.epoch)
-            if commit.then is Then.EXPIRE and store.expire_lease(lease):
+            if commit.then is Then.EXPIRE and (
+                beat.give_up() if beat is not None else store.expire_lease(lease)
+            ):
                 # Ours still: it runs out now, so the next claim takes it over and counts
                 # the recovery (a loop of such stops ends at AGENTRUN_MAX_RECOVERY_ATTEMPTS).
                 wakeups.send(step.run_id)

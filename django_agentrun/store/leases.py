@@ -156,7 +156,8 @@ def release_lease(lease: Lease) -> bool:
 
 def expire_lease(lease: Lease) -> bool:
     """Let the lease run out now, keeping its owner: the next claim takes it over and counts
-    a recovery (for a step stopped because its lease could not be renewed)."""
+    a recovery (for a step stopped because its lease could not be renewed). Its epoch moves
+    on: nothing of this holder's, a renewal on its way included, changes the run after it."""
     return chosen().expire_lease(lease)
 
 

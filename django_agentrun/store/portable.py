@@ -100,7 +100,9 @@ class PortableStore:
         return _fenced(lease).update(lease_owner="", lease_expires_at=timezone.now()) == 1
 
     def expire_lease(self, lease: Lease) -> bool:
-        return _fenced(lease).update(lease_expires_at=timezone.now()) == 1
+        # The epoch moves on: a renewal still on its way finds nothing (queries.sql).
+        expired = {"lease_expires_at": timezone.now(), "lease_epoch": F("lease_epoch") + 1}
+        return _fenced(lease).update(**expired) == 1
 
     def renew_lease(self, lease: Lease) -> tuple[bool, bool]:
         expires = timezone.now() + timedelta(seconds=agentrun_settings.LEASE_SECONDS)

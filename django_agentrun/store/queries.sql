@@ -90,8 +90,12 @@ WHERE "id" = %(run_id)s AND "lease_epoch" = %(epoch)s AND "lease_owner" = %(owne
 
 -- name: expire_lease
 -- Let the lease run out now, keeping its owner: the next claim is a take-over and counts
--- a recovery (a step that stopped because it could not renew its lease).
-UPDATE "agentrun_run" SET "lease_expires_at" = statement_timestamp()
+-- a recovery (a step that stopped because it could not renew its lease). The epoch moves
+-- on: a renewal of this holder's still on its way (its heartbeat's, sent before it
+-- stopped) finds nothing to renew, instead of making the lease live again for a whole
+-- lease while the wake-up sent for the take-over finds it held.
+UPDATE "agentrun_run"
+SET "lease_expires_at" = statement_timestamp(), "lease_epoch" = "lease_epoch" + 1
 WHERE "id" = %(run_id)s AND "lease_epoch" = %(epoch)s AND "lease_owner" = %(owner)s
 
 -- name: take_lease

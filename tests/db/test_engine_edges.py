@@ -21,6 +21,7 @@ from django_agentrun import (
     resolve_tool_call,
     resume_run,
     start_run,
+    store,
     tool,
 )
 from django_agentrun.abort import LEASE_UNRENEWED, AbortSignal
@@ -219,6 +220,22 @@ def test_stopped_by_an_unrenewable_lease__each_stop_is_a_recovery_bounded_by_the
     assert len(RAN) == 3  # read_only: re-run after each recovery, never beside another
     assert client.steps() == {0: 1}
     assert_projection_matches(run)
+
+
+def test_stopped_by_an_unrenewable_lease__a_renewal_of_the_holder_after_it_renews_nothing():
+    """The step lets its lease run out; a renewal of the same holder that comes after it
+    (its heartbeat's, held up by a row lock and answered after the step stopped) finds
+    nothing to renew: the lease stays run out, and the wake-up's claim takes it over. Before,
+    the renewal made the lease live for a whole lease again, and the claim went away."""
+    client = ScriptedClient([reply(tool_use("stopped_by_watchdog", {})), reply(text("done"))])
+    run = start_run("edges", "go")
+    assert _advance(run, client) == Outcome.LEASE_LOST
+    owner = Run.objects.values_list("lease_owner", flat=True).get(pk=run.pk)
+    late = store.Lease(run.pk, owner, 1)  # the step's lease: the run's first claim
+    assert store.renew_lease(late) == (False, False)
+    assert Run.objects.values_list("lease_expires_at", flat=True).get(pk=run.pk) <= (timezone.now())
+    assert store.claim(run.pk, "other-host:1:x", history=False) is not None
+    assert Run.objects.values_list("recovery_attempts", flat=True).get(pk=run.pk) == 1
 
 
 # --------------------------------------------------------------------------- 7

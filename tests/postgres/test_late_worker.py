@@ -83,3 +83,24 @@ def test_gate__after_the_step__does_nothing(beat):
     _lapse(beat, taken=True)
     assert beat.abort.gate is None
     assert beat.abort.before_effect() is False
+
+
+def test_give_up__the_beat_stops_before_the_lease_is_let_run_out(beat, monkeypatch):
+    """A step stopped for an unrenewable lease lets it run out (Then.EXPIRE): the beat has
+    stopped by then, so no renewal of its follows the expiry and makes the lease live again
+    (the wake-up's claim would find it held)."""
+    beats_alive = []
+    expire = store.expire_lease
+
+    def watched(lease):
+        name = f"agentrun-heartbeat-{lease.run_id}"
+        beats_alive.append(any(t.name == name and t.is_alive() for t in threading.enumerate()))
+        return expire(lease)
+
+    monkeypatch.setattr(hb.store, "expire_lease", watched)
+    assert beat.give_up() is True
+    assert beats_alive == [False]
+    assert not beat.ended.is_set()
+    row = Run.objects.values_list("lease_owner", "lease_epoch").get(pk=beat.lease.run_id)
+    assert row == (beat.lease.owner, beat.lease.epoch + 1)
+    assert store.renew_lease(beat.lease) == (False, False)
