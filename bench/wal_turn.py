@@ -52,8 +52,10 @@ def main(argv: list[str] | None = None) -> int:
         after = _updates()
     finally:
         del task.apply_async
-    print(f"WAL per turn at k={args.k}, median of {args.rounds} rounds: "
-          f"{statistics.median(per_turn):,.0f} B")
+    print(
+        f"WAL per turn at k={args.k}, median of {args.rounds} rounds: "
+        f"{statistics.median(per_turn):,.0f} B"
+    )
     for rel, values in sorted(by_rel.items(), key=lambda kv: -statistics.median(kv[1])):
         print(f"  {rel:45s} {statistics.median(values):8,.0f} B")
     for table in HOT_TABLES:
