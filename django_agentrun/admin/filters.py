@@ -11,7 +11,7 @@ from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from ..states import RunPhase, RunState, ToolCallState
+from ..states import RunPhase, ToolCallState
 
 
 class StateFilter(admin.ChoicesFieldListFilter):

@@ -76,8 +76,9 @@ DROP = [
 # behind it meanwhile); it is tried again a moment later, up to ATTEMPTS times.
 LOCK_TIMEOUT = "500ms"
 ATTEMPTS = 60
-# Rows per backfill transaction (about: a batch is a range of pages).
-BATCH = 5000
+# Rows per backfill transaction (about: a batch is a range of pages): a writer that wants
+# one of them waits for the batch's statement (tens of milliseconds).
+BATCH = 2000
 LOCK_NOT_AVAILABLE = "55P03"
 
 
