@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         bench = Bench(Plan(rounds=args.rounds, reps=1, stored=0), {"agentrun": Agentrun(db)}, wal)
         bench.counted_run("agentrun", args.k)  # warm-up
         per_turn: list[float] = []
+        fpi: list[float] = []
         by_rel: dict[str, list[float]] = {}
         before = _updates()
         for _ in range(args.rounds):
@@ -47,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
             _, long, _ = bench.counted_run("agentrun", args.k, 2 * TURNS)
             turn = long - short
             per_turn.append(turn.bytes / TURNS)
+            fpi.append(turn.fpi / TURNS)
             for rel in set(turn.by_rel) | set(by_rel):
                 by_rel.setdefault(rel, []).append(turn.by_rel.get(rel, 0) / TURNS)
         after = _updates()
@@ -54,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         del task.apply_async
     print(
         f"WAL per turn at k={args.k}, median of {args.rounds} rounds: "
-        f"{statistics.median(per_turn):,.0f} B"
+        f"{statistics.median(per_turn):,.0f} B (of which full-page images "
+        f"{statistics.median(fpi):,.0f} B)"
     )
     for rel, values in sorted(by_rel.items(), key=lambda kv: -statistics.median(kv[1])):
         print(f"  {rel:45s} {statistics.median(values):8,.0f} B")
