@@ -103,7 +103,7 @@ def reap(
         report,
         dry_run,
         "approval_deadline",
-        base.filter(state=RunState.AWAITING_APPROVAL, pk__in=waiting),
+        base.awaiting_approval().filter(pk__in=waiting),
         batch,
         _time_out_approval,
     )

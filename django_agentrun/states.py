@@ -124,6 +124,38 @@ RUN_ACTIVE = frozenset({_R.QUEUED, _R.RUNNING, _R.AWAITING_TOOL, _R.AWAITING_APP
 # The states a claim takes a run in: queued, or released between the tasks that carry it.
 RUN_CLAIMABLE = frozenset({_R.QUEUED, _R.RUNNING, _R.AWAITING_TOOL})
 
+
+class RunPhase(models.TextChoices):
+    """The reaper's classes of runs, stored beside the state (Run.phase): a commit that
+    moves a run between running and awaiting_tool, as every turn does, leaves it alone, so
+    the partial indexes that select by it are not written (docs/explanation/storage.md)."""
+
+    QUEUED = "queued", "Queued"
+    """queued: waiting for its first claim."""
+    LEASED = "leased", "Leased"
+    """running or awaiting_tool: a worker holds (or held, or is about to take) its lease."""
+    PARKED = "parked", "Parked"
+    """awaiting_approval: waiting for a person; nobody holds it."""
+    FINISHED = "finished", "Finished"
+    """completed, failed, cancelled, timed_out."""
+
+
+_P = RunPhase
+# A state's phase: the model's GeneratedField and the Postgres trigger of migration
+# 0019_run_phase compute the same (tests/postgres/test_phase.py checks they agree).
+RUN_PHASE: dict[str, str] = {
+    _R.QUEUED: _P.QUEUED,
+    _R.RUNNING: _P.LEASED,
+    _R.AWAITING_TOOL: _P.LEASED,
+    _R.AWAITING_APPROVAL: _P.PARKED,
+    _R.COMPLETED: _P.FINISHED,
+    _R.FAILED: _P.FINISHED,
+    _R.CANCELLED: _P.FINISHED,
+    _R.TIMED_OUT: _P.FINISHED,
+}
+# The phases of the active states (the deadline's partial index).
+PHASES_ACTIVE = (_P.LEASED, _P.PARKED, _P.QUEUED)
+
 RUN_TRANSITIONS: dict[str, frozenset[str]] = {
     _R.QUEUED: frozenset({_R.RUNNING, _R.CANCELLED, _R.TIMED_OUT}),
     _R.RUNNING: frozenset(

@@ -293,6 +293,37 @@ def _every_run_projects(request):
         assert_conversation_projection_matches(conversation)
 
 
+@pytest.fixture(autouse=True)
+def _every_run_phase_matches(request):
+    """Run.phase is the reaper's class of the run's state (states.RUN_PHASE) on every run
+    any test leaves, whatever wrote it (the ORM, the store's statements, the write
+    function, bulk updates, the admin): on Postgres a trigger keeps it (migration
+    0019_run_phase), on SQLite it is a generated column."""
+    names = request.fixturenames
+    marker = request.node.get_closest_marker("django_db")
+    if not (marker or any(n in names for n in _DB_FIXTURES)):
+        yield
+        return
+    transactional = (
+        "transactional_db" in names
+        or "postgres" in names
+        or (marker is not None and marker.kwargs.get("transaction"))
+    )
+    request.getfixturevalue("transactional_db" if transactional else "db")
+    yield
+    assert_phases_match()
+
+
+def assert_phases_match() -> None:
+    """Every run's phase is its state's (read straight from the table)."""
+    from django_agentrun.states import RUN_PHASE
+
+    with connection.cursor() as cursor:
+        cursor.execute('SELECT "id", "state", "phase" FROM "agentrun_run"')
+        wrong = [row for row in cursor.fetchall() if RUN_PHASE.get(row[1]) != row[2]]
+    assert not wrong, f"runs whose phase is not their state's: {wrong[:5]}"
+
+
 def drive(run: Run, client, limit: int = 30) -> list[str]:
     """Advance `run` in this process until it stops continuing (parked, finished, not
     claimed); returns the outcomes, and leaves `run` refreshed."""

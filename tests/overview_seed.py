@@ -221,3 +221,50 @@ def waiting(now: datetime) -> dict[tuple[int, str], int]:
         age = now - _utc(created)
         counts[(sum(age >= limit for limit in limits), state)] += 1
     return dict(counts)
+
+
+# --------------------------------------------------------------------------- the page's figures
+
+
+def page_figures(now: datetime) -> dict[str, Any]:
+    """Every figure admin/overview_data.py computes for the page in each window at `now`,
+    as JSON (times in ISO, costs as text, shares and latencies rounded to 1e-6 s): what
+    tests/db/golden/overview_figures.json holds, computed before issue #38 changed the
+    run table's indexes, so the page shows the same numbers on the same rows."""
+    from django_agentrun.admin import overview_data as data
+
+    def iso(value: datetime) -> str:
+        return value.astimezone(UTC).isoformat()
+
+    def rounded(value: Any) -> Any:
+        return None if value is None else round(float(value), 6)
+
+    runs = Run.objects.all()
+    out: dict[str, Any] = {}
+    for key in data.WINDOWS:
+        w = data.window(key, now)
+        days, agents, cells = data.cost_by_day(runs, w)
+        turns, turn_cut = data.turn_latency(runs, w)
+        tools, tool_cut = data.tool_latency(runs, w)
+        latency = [
+            {"name": r["name"], "n": r["n"], "p50": rounded(r["p50"]), "p95": rounded(r["p95"])}
+            for r in turns + tools
+        ]
+        out[key] = {
+            "runs_by_state": [[iso(b), counts] for b, counts in data.runs_by_state(runs, w)],
+            "cost_by_day": {
+                "days": [iso(d) for d in days],
+                "agents": agents,
+                "cells": sorted([iso(d), a, f"{Decimal(c):.6f}"] for (d, a), c in cells.items()),
+            },
+            "cache_share": [{**r, "share": rounded(r["share"])} for r in data.cache_share(runs, w)],
+            "failure_codes": [list(r) for r in data.failure_codes(runs, w)],
+            "latency": latency,
+            "cuts": [turn_cut and iso(turn_cut), tool_cut and iso(tool_cut)],
+        }
+    waiting = data.waiting(runs, now)
+    out["waiting"] = {
+        "ages": [[label, counts] for label, counts in waiting["ages"]],
+        "oldest": [[c.name, c.state, iso(c.created_at)] for c in waiting["oldest"]],
+    }
+    return out

@@ -11,7 +11,7 @@ from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from ..states import RunState, ToolCallState
+from ..states import RunPhase, ToolCallState
 
 
 class StateFilter(admin.ChoicesFieldListFilter):
@@ -74,11 +74,9 @@ class DecisionFilter(admin.SimpleListFilter):
             }
 
 
-LEASED = (RunState.RUNNING, RunState.AWAITING_TOOL)
-# Runs that wait for a person, or for a worker (queued, or released between steps).
-WAITING = Q(state__in=(RunState.QUEUED, RunState.AWAITING_APPROVAL)) | Q(
-    state__in=LEASED, lease_owner=""
-)
+# Runs that wait for a person, or for a worker (queued, or released between steps); by
+# Run.phase, as the reaper's partial indexes select them.
+WAITING = Q(phase__in=(RunPhase.QUEUED, RunPhase.PARKED)) | Q(phase=RunPhase.LEASED, lease_owner="")
 
 
 def stuck_conditions(now: Any) -> dict[str, tuple[str, Q]]:
@@ -86,7 +84,7 @@ def stuck_conditions(now: Any) -> dict[str, tuple[str, Q]]:
     return {
         "lease_expired": (
             _("Lease expired (its worker died?)"),
-            Q(state__in=LEASED, lease_expires_at__lt=now) & ~Q(lease_owner=""),
+            Q(phase=RunPhase.LEASED, lease_expires_at__lt=now) & ~Q(lease_owner=""),
         ),
         "recovered": (_("Recovered more than once"), Q(recovery_attempts__gt=1)),
         "waiting_1h": (

@@ -3,9 +3,11 @@
 Every figure is computed in the database (grouped by `date_trunc` buckets in UTC, summed,
 counted); the latency percentiles with `percentile_cont` on Postgres and the same linear
 interpolation in Python elsewhere (SQLite), so both give the same numbers. Each query is
-served by a partial index on the time a row ended (`agentrun_run_finished_idx`,
-`agentrun_turn_finished_idx`, `agentrun_toolcall_finished_idx`) or by the pending-calls
-index; `bench/overview.py` times them on 1,000,000 runs.
+served by a partial index on the time a row ended (`agentrun_run_finished_at_idx`, whose
+runs' figures are read from their rows: no index key of the run table changes while a run
+is live, docs/explanation/storage.md; `agentrun_turn_finished_idx`,
+`agentrun_toolcall_finished_idx`, index-only) or by the pending-calls index;
+`bench/overview.py` times them on 1,000,000 runs.
 
 What counts where:
 - a run counts in the window it *finished* in (`finished_at`), in its final state

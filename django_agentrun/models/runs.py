@@ -7,15 +7,18 @@ from typing import Any
 
 from django.conf import settings
 from django.db import models
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import Case, Exists, OuterRef, Q, Value, When
 from django.utils import timezone
 from django_fsm import FSMField, FSMModelMixin
 
 from ..fields import json_field
 from ..permissions import VIEW_ALL_PERMISSION
 from ..states import (
+    PHASES_ACTIVE,
     RUN_ACTIVE,
+    RUN_PHASE,
     RUN_TRANSITIONS,
+    RunPhase,
     RunState,
 )
 from .base import UsageCounts, transition_to, width
@@ -30,12 +33,30 @@ def _earlier_active() -> Any:
     )
 
 
+def _phase_of_state() -> Case:
+    """Run.phase's expression: RUN_PHASE as SQL (CASE "state" WHEN ... END)."""
+    by_phase: dict[str, list[str]] = {}
+    for state, phase in RUN_PHASE.items():
+        by_phase.setdefault(phase, []).append(state)
+    return Case(
+        *(
+            When(state__in=sorted(states), then=Value(phase))
+            for phase, states in sorted(by_phase.items())
+            if phase != RunPhase.FINISHED
+        ),
+        default=Value(RunPhase.FINISHED),
+    )
+
+
 class RunQuerySet(models.QuerySet["Run"]):
+    # The reaper's selections read Run.phase, not the state: the predicates of their
+    # partial indexes are on it (a predicate on the state would make every turn's commit
+    # write them, and keep the run's updates from being HOT).
     def active(self) -> RunQuerySet:
-        return self.filter(state__in=RUN_ACTIVE)
+        return self.filter(phase__in=PHASES_ACTIVE)
 
     def leased(self) -> RunQuerySet:
-        return self.filter(state__in=[RunState.RUNNING, RunState.AWAITING_TOOL])
+        return self.filter(phase=RunPhase.LEASED)
 
     def lease_expired(self, now=None) -> RunQuerySet:
         """Runs a worker was advancing whose lease ran out (the worker died or hung)."""
@@ -44,7 +65,7 @@ class RunQuerySet(models.QuerySet["Run"]):
 
     def queued_stale(self, before) -> RunQuerySet:
         """Queued runs nobody claimed since `before` (their message was lost)."""
-        return self.filter(state=RunState.QUEUED, queued_at__lt=before)
+        return self.filter(phase=RunPhase.QUEUED, queued_at__lt=before)
 
     def past_deadline(self, now=None) -> RunQuerySet:
         now = now or timezone.now()
@@ -59,7 +80,7 @@ class RunQuerySet(models.QuerySet["Run"]):
         return self.filter(~Exists(_earlier_active()))
 
     def awaiting_approval(self) -> RunQuerySet:
-        return self.filter(state=RunState.AWAITING_APPROVAL)
+        return self.filter(phase=RunPhase.PARKED)
 
     def cancel_pending(self) -> RunQuerySet:
         """Runs parked for a person whose cancel was requested as they parked and never
@@ -85,6 +106,20 @@ class Run(FSMModelMixin, UsageCounts):
         max_length=width(RunState),
         protected=True,
     )
+    # The reaper's class of the state (RunPhase, states.RUN_PHASE): what the partial
+    # indexes below select by. It changes when a run is claimed, parks, resumes or ends,
+    # never between running and awaiting_tool, so a turn's commit changes no indexed
+    # column and its update is HOT. Computed by the database: on SQLite a stored generated
+    # column; on Postgres a plain column that a trigger keeps (migration 0019_run_phase:
+    # adding a generated column there rewrites the table under an exclusive lock), so every
+    # write (the ORM, the store's statements, the write function, bulk updates) gets it.
+    # Read it from the database: an instance's value is the one it was loaded (or
+    # created) with.
+    phase = models.GeneratedField(
+        expression=_phase_of_state(),
+        output_field=models.CharField(max_length=width(RunPhase), choices=RunPhase.choices),
+        db_persist=True,
+    )
     input = json_field(help_text="The initial user input: a string or content blocks.")
     config = json_field(
         default=dict, help_text="Snapshot of the agent's configuration when the run was created."
@@ -106,7 +141,7 @@ class Run(FSMModelMixin, UsageCounts):
     # The fair-share key, named when the run is created (agents.share_key: its agent's
     # fair_share_key, AGENTRUN_FAIR_SHARE_KEY, or its owner): the governor shares the rate
     # limit across it, and AGENTRUN_MAX_RUNS_PER_KEY caps the runs of one key worked at once.
-    # Not indexed: a cap counts among the leased runs (agentrun_run_leased_idx).
+    # Not indexed: a cap counts among the leased runs (agentrun_run_ph_leased_idx).
     share_key = models.CharField(max_length=200, blank=True, default="", editable=False)
     # NULL, not "": runs without a key must not collide in the unique constraints.
     idempotency_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
@@ -226,61 +261,67 @@ class Run(FSMModelMixin, UsageCounts):
                 name="agentrun_run_conversation_position",
             ),
         ]
+        # Every index here is written when a run is created, and again only when a column
+        # it holds (or its predicate reads) changes: none changes at a turn's commit (the
+        # phase and not the state in the predicates; the overview's figures read from the
+        # rows, not kept in index keys), so those updates are HOT and write no index entry.
+        # Beside each, the query that needs it. (The primary key, the unique constraints
+        # above: a run by its id, an idempotency key's replay, a conversation's runs.)
         indexes = [
-            # The reaper's hot queries, each with its own partial index. The leased runs'
-            # is on a column no update changes, not on lease_expires_at: a claim, a renewal
-            # or a release changes only unindexed columns and is a HOT update (the scan
-            # reads the leased runs' entries and filters them by their lease).
+            # The reaper's scans, each with its own partial index on Run.phase. The leased
+            # runs' is on a column no update changes, not on lease_expires_at: a claim, a
+            # renewal or a release changes only unindexed columns (the scan reads the
+            # leased runs' entries and filters them by their lease). Also the caps' count
+            # of the runs worked now (queries.sql worked_by_agent, worked_by_share_key).
             models.Index(
                 fields=["created_at"],
-                condition=Q(state__in=[RunState.RUNNING, RunState.AWAITING_TOOL]),
-                name="agentrun_run_leased_idx",
+                condition=Q(phase=RunPhase.LEASED),
+                name="agentrun_run_ph_leased_idx",
             ),
+            # The reaper's lost wake-ups (RunQuerySet.queued_stale), and the queued run that
+            # waited longest under a cap (store/caps.next_waiting).
             models.Index(
                 fields=["queued_at"],
-                condition=Q(state=RunState.QUEUED),
-                name="agentrun_run_queued_idx",
+                condition=Q(phase=RunPhase.QUEUED),
+                name="agentrun_run_ph_queued_idx",
             ),
+            # The reaper's runs past their deadline (RunQuerySet.past_deadline).
             models.Index(
                 fields=["deadline"],
-                condition=Q(state__in=sorted(RUN_ACTIVE), deadline__isnull=False),
-                name="agentrun_run_deadline_idx",
+                condition=Q(phase__in=PHASES_ACTIVE, deadline__isnull=False),
+                name="agentrun_run_ph_deadline_idx",
             ),
-            # A run parked for a person with a cancel pending (its worker died between the
-            # park and the cancel it saw there): empty but for that instant.
+            # The reaper's pending cancels (RunQuerySet.cancel_pending): a run parked for a
+            # person with a cancel pending (its worker died between the park and the cancel
+            # it saw there): empty but for that instant.
             models.Index(
                 fields=["cancel_requested_at"],
-                condition=Q(state=RunState.AWAITING_APPROVAL, cancel_requested_at__isnull=False),
-                name="agentrun_run_cancelling_idx",
+                condition=Q(phase=RunPhase.PARKED, cancel_requested_at__isnull=False),
+                name="agentrun_run_ph_cancel_idx",
             ),
+            # The API's and the admin's lists of a user's runs, newest first (visible_to).
             models.Index(fields=["owner", "-created_at"], name="agentrun_run_owner_idx"),
-            # The run row is written at every commit of its advance, and every index it has
-            # is written with it (the state changes, so no update is HOT): plain indexes
-            # (no LIKE pattern twins), and partial ones for columns that are mostly NULL.
+            # The API's `agent` filter (GET /runs?agent=) and the admin's. Plain indexes (no
+            # LIKE pattern twins), partial ones for columns that are mostly NULL. (No index
+            # on correlation_id: no query looks a run up by it; the admin's search is a
+            # substring match, which a B-tree cannot serve.)
             models.Index(fields=["agent"], name="agentrun_run_agent_idx"),
-            models.Index(fields=["correlation_id"], name="agentrun_run_correlation_idx"),
+            # Deleting a user (cancel_requested_by's SET NULL looks for their cancels).
             models.Index(
                 fields=["cancel_requested_by"],
                 condition=Q(cancel_requested_by__isnull=False),
                 name="agentrun_run_cancelled_by_idx",
             ),
-            # The admin overview's window scans (admin/overview_data.py), index-only: every
-            # column they read is a key (no INCLUDE: SQLite has none). A run gets its entry
-            # when it finishes, so no write of an active run touches it.
+            # The admin overview's window scans (admin/overview_data.py): the runs that
+            # finished in a window, their figures read from their rows. A run gets its entry
+            # when it finishes; no write of an active run touches it (the figures were keys
+            # of it once, and each turn's cost and tokens wrote it).
             models.Index(
-                fields=[
-                    "finished_at",
-                    "state",
-                    "agent",
-                    "error_code",
-                    "cost_usd",
-                    "input_tokens",
-                    "cache_creation_input_tokens",
-                    "cache_read_input_tokens",
-                ],
+                fields=["finished_at"],
                 condition=Q(finished_at__isnull=False),
-                name="agentrun_run_finished_idx",
+                name="agentrun_run_finished_at_idx",
             ),
+            # Deleting a run (forked_from's SET NULL looks for its forks).
             models.Index(
                 fields=["forked_from"],
                 condition=Q(forked_from__isnull=False),

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..models import Run
-from ..states import RUN_CLAIMABLE, RunState
+from ..states import RUN_CLAIMABLE, RunPhase
 from .backend import chosen
 from .writes import Share
 
@@ -31,10 +31,10 @@ def claimable(run_id: Any) -> dict[str, Any] | None:
 
 def next_waiting(run_id: Any, column: str, value: str) -> Any | None:
     """The queued run under the same cap that has waited longest, other than `run_id`; its
-    pk, or None. Through agentrun_run_queued_idx (queued runs in queue order); a run
+    pk, or None. Through agentrun_run_ph_queued_idx (queued runs in queue order); a run
     released between tasks is not looked for: its own wake-up is under way."""
     return (
-        Run._base_manager.filter(state=RunState.QUEUED, **{column: value})
+        Run._base_manager.filter(phase=RunPhase.QUEUED, **{column: value})
         .exclude(pk=run_id)
         .order_by("queued_at")
         .values_list("pk", flat=True)

@@ -115,16 +115,17 @@ SELECT pg_advisory_xact_lock(hashtextextended(%(share)s, 0))
 
 -- name: worked_by_agent
 -- The runs of an agent worked now (a live lease), but the one being claimed: read through
--- agentrun_run_leased_idx (a lease is held only by a run running or awaiting a tool).
+-- agentrun_run_ph_leased_idx (a lease is held only by a run running or awaiting a tool:
+-- the phase 'leased').
 SELECT count(*) FROM "agentrun_run"
-WHERE "state" IN ('running', 'awaiting_tool') AND "agent" = %(value)s
+WHERE "phase" = 'leased' AND "agent" = %(value)s
   AND "lease_owner" <> '' AND "lease_expires_at" > statement_timestamp()
   AND "id" <> %(run_id)s
 
 -- name: worked_by_share_key
 -- The same for a fair-share key (the run's "share_key", named when it was created).
 SELECT count(*) FROM "agentrun_run"
-WHERE "state" IN ('running', 'awaiting_tool') AND "share_key" = %(value)s
+WHERE "phase" = 'leased' AND "share_key" = %(value)s
   AND "lease_owner" <> '' AND "lease_expires_at" > statement_timestamp()
   AND "id" <> %(run_id)s
 

@@ -4,10 +4,13 @@ the run list filtered to what a bar counts; a bad window is a clear 400, never a
 
 from __future__ import annotations
 
+import json
+import os
 import re
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from html import unescape
+from pathlib import Path
 
 import pytest
 from django.db import connection
@@ -26,6 +29,7 @@ from tests import factories, overview_seed
 pytestmark = [pytest.mark.django_db, pytest.mark.no_projection_check, pytest.mark.one_driver]
 
 OVERVIEW = reverse("admin:agentrun_run_overview")
+GOLDEN = Path(__file__).with_name("golden") / "overview_figures.json"
 RUNS = reverse("admin:agentrun_run_changelist")
 VIEW = ("view_run", "view_toolcall", "view_runevent")
 BAR = re.compile(
@@ -238,3 +242,20 @@ def test_overview__latency_over_the_latest_rows_of_a_busy_window(
     for name, (_n, p50, p95) in expected.items():
         assert (shown[name]["p50"], shown[name]["p95"]) == pytest.approx((p50, p95))
     assert "Over the latest 10 of the window: since" in section(page, "turns")
+
+
+def test_overview__the_same_figures_as_before_the_run_table_changed():
+    """The seed's rows at a fixed time give the figures the page gave before issue #38
+    (the overview's runs read through agentrun_run_finished_at_idx and their rows, no
+    longer from the keys of an index-only scan): tests/db/golden/overview_figures.json,
+    computed on main before the change (`AGENTRUN_UPDATE_GOLDEN=1` writes it again)."""
+    now = datetime(2026, 11, 20, 15, 37, 12, tzinfo=UTC)
+    overview_seed.seed(now)
+    figures = json.loads(json.dumps(overview_seed.page_figures(now)))
+    if os.environ.get("AGENTRUN_UPDATE_GOLDEN"):
+        GOLDEN.parent.mkdir(exist_ok=True)
+        GOLDEN.write_text(json.dumps(figures, indent=1, sort_keys=True) + "\n")
+    assert GOLDEN.exists(), "no golden file: run with AGENTRUN_UPDATE_GOLDEN=1"
+    golden = json.loads(GOLDEN.read_text())
+    assert golden["30d"]["runs_by_state"] and golden["waiting"]["oldest"]
+    assert figures == golden

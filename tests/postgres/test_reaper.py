@@ -323,9 +323,9 @@ def test_indexes__reaper_scans_use_their_partial_indexes(postgres):
     Run.objects.filter(pk=late.pk).update(queued_at=timezone.now())
     now = timezone.now()
     plans = {
-        "agentrun_run_leased_idx": _plan(Run.objects.lease_expired(now)),
-        "agentrun_run_queued_idx": _plan(Run.objects.queued_stale(now - timedelta(minutes=1))),
-        "agentrun_run_deadline_idx": _plan(Run.objects.past_deadline(now)),
+        "agentrun_run_ph_leased_idx": _plan(Run.objects.lease_expired(now)),
+        "agentrun_run_ph_queued_idx": _plan(Run.objects.queued_stale(now - timedelta(minutes=1))),
+        "agentrun_run_ph_deadline_idx": _plan(Run.objects.past_deadline(now)),
     }
     for index, plan in plans.items():
         assert index in plan, f"{index} not used:\n{plan}"

@@ -276,6 +276,8 @@ UNCHANGING = {
         "conversation_id",
         "conversation_position",
         "context",
+        # Never written: a trigger sets it from the state (migration 0019_run_phase).
+        "phase",
     },
 }
 
