@@ -18,38 +18,39 @@ VENV_DJANGO6 ?= .venv-django6
 # - TEST_STAGES, the CPU lane, at nice 10: lint, checks, the tiers without worker processes
 #   on two pytest-xdist processes each, Django 6.x's tiers, and the release check (a fresh
 #   project with its worker, from the built archives; last, so that its build has finished
-#   in the background, and here because this lane ends first);
+#   in the background);
 # - WORKER_STAGES, the worker lane, at nice -5 (where it may: root; else at 0): the worker
-#   tier with real worker processes, one test at a time (the longest stage of all: it sets
-#   the time of `make test`);
-# - SERVER_STAGES, the servers lane, at the same nice: the worker tier's subsets on psycopg2
-#   and behind the poolers, the Node client and the browsers, one test at a time.
-# The two worker lanes mostly wait (leases, polls, a browser); when they need the CPU they get
-# it first (a 2 s lease's renewal has half a second to reach the database), so their timings
-# hold while the CPU lane runs. Each lane has a Postgres database of its own (PG_URL,
-# PG_URL_WORKERS, PG_URL_SERVERS): their test databases never meet; the servers lane's
-# broker is Redis db 10 (SERVERS_BROKER_DB), the worker lane's db 9, and each test has
-# queues and stream keys of its own. The worker lanes' output is in
+#   tier with real worker processes, less its MCP modules;
+# - SERVER_STAGES, the servers lane, at the same nice: the worker tier's MCP modules, its
+#   subsets on psycopg2 and behind the poolers, the Node client and the browsers.
+# The worker lanes run one test at a time each, so a test has at most one neighbour with
+# worker processes. They mostly wait (leases, polls, a browser); when they need the CPU they
+# get it first (a 2 s lease's renewal has half a second to reach the database), so their
+# timings hold while the CPU lane runs. Each lane has a Postgres database of its own
+# (PG_URL, PG_URL_WORKERS, PG_URL_SERVERS): their test databases never meet; the servers
+# lane's broker is Redis db 10 (SERVERS_BROKER_DB), the worker lane's db 9, and every test
+# has queues and stream keys of its own. The worker lanes' output is in
 # artifacts/lane-workers.log and artifacts/lane-servers.log, printed when every lane is done.
-# `make test SERIAL=1`: one lane, every stage in turn.
+# The lanes take about as long as each other: a stage moved from one to another should keep
+# them so. `make test SERIAL=1`: one lane, every stage in turn.
 # test-postgres is not one of them: test-django6 runs its tiers on Postgres (psycopg 3),
 # under Django 6, and test-postgres-ssb and -psycopg2 run them under Django 5.2 (less what is
-# the same on any driver: one_driver, run under 5.2 on SQLite); the worker lane runs the
+# the same on any driver: one_driver, run under 5.2 on SQLite); the worker lanes run the
 # engine on 5.2 and psycopg 3 with real processes.
 TEST_STAGES = lint checks docs test-sqlite test-postgres-ssb test-postgres-psycopg2 test-django6 \
 	test-explore test-release
 WORKER_STAGES = test-workers
-SERVER_STAGES = test-workers-psycopg2 test-pgbouncer test-django-pool test-node test-browser \
-	test-browser-django6
+SERVER_STAGES = test-workers-mcp test-workers-psycopg2 test-pgbouncer test-django-pool test-node \
+	test-browser test-browser-django6
 PG_URL_WORKERS ?= $(PG_URL)_workers
 PG_URL_SERVERS ?= $(PG_URL)_servers
 SERVERS_BROKER_DB ?= 10
 # The browser tier's Chromium: Debian's package (Playwright's own download cannot be used here).
 CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: test lane lint checks test-sqlite test-postgres test-workers test-postgres-ssb \
-	test-postgres-psycopg2 test-workers-psycopg2 test-pgbouncer pgbouncer test-django-pool \
-	test-node node test-browser chromium test-django6 test-browser-django6 test-release demo demo-traces chat admin \
+.PHONY: test lane lint checks test-sqlite test-postgres test-workers test-workers-mcp \
+	test-postgres-ssb test-postgres-psycopg2 test-workers-psycopg2 test-pgbouncer pgbouncer \
+	test-django-pool test-node node test-browser chromium test-django6 test-browser-django6 test-release demo demo-traces chat admin \
 	test-explore explore \
 	bench bench-quick bench-load install soak
 
@@ -159,13 +160,19 @@ checks: install
 # and Redis), browser. Each run below takes the tiers whose outcome can differ in its
 # setting (database, driver, Django). The tiers without worker processes run on two
 # pytest-xdist processes ($(XDIST); each has a test database of its own); the workers tier
-# runs one test at a time, so that its leases and timings are never measured against a
-# neighbour of its own (and, under `make test`, ahead of the CPU lane: see above).
+# runs one test at a time in each run, so that its leases and timings are measured against
+# one neighbour at most (the other worker lane's test under `make test`, both ahead of the
+# CPU lane: see above).
 XDIST ?= -n 2
 # Not in the workers tier's runs: the fresh-project test runs in test-release (on the built
 # wheel and sdist instead of this checkout), the AI SDK's in test-node.
 WORKER_TIER = tests/workers --ignore=tests/workers/test_fresh_project.py \
 	--ignore=tests/workers/test_ai_sdk.py
+# Under `make test` the tier is run in two halves, one in each worker lane (see `test`): the
+# MCP modules (real MCP server processes: their crash matrix on both protocols, the
+# credentials) in test-workers-mcp, in the servers lane; the rest in test-workers. `make
+# test-workers test-workers-mcp` runs the whole tier.
+WORKER_TIER_MCP = tests/workers/test_mcp.py tests/workers/test_mcp_credentials.py
 
 # SQLite in memory, scripted model client: no services.
 test-sqlite: install
@@ -179,7 +186,11 @@ test-postgres: install
 # Redis, killed with SIGKILL (the chaos test also through TCP proxies it faults, and with a
 # worker whose wall clock jumps: tests/wallclock.c, built with the system's C compiler).
 test-workers: install
-	DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest $(WORKER_TIER) -q
+	DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest $(WORKER_TIER) $(addprefix --ignore=,$(WORKER_TIER_MCP)) \
+	  -q
+
+test-workers-mcp: install
+	DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest $(WORKER_TIER_MCP) -q
 
 # The chaos soak, long (docs/how-to/development.md): SOAKS soaks in a row, each SOAK_SECONDS
 # of faults over SOAK_RUNS runs, a new seed each; the first that fails stops it.
