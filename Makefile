@@ -45,6 +45,16 @@ SERVER_STAGES = test-workers-mcp test-workers-psycopg2 test-pgbouncer test-djang
 PG_URL_WORKERS ?= $(PG_URL)_workers
 PG_URL_SERVERS ?= $(PG_URL)_servers
 SERVERS_BROKER_DB ?= 10
+# `make test LANES=2`: the servers lane's stages run in the worker lane, after its own (two
+# lanes; the worker processes' tests never have a neighbour of their kind).
+LANES ?= 3
+ifeq ($(LANES),2)
+WORKER_LANE = $(WORKER_STAGES) $(SERVER_STAGES)
+SERVER_LANE =
+else
+WORKER_LANE = $(WORKER_STAGES)
+SERVER_LANE = $(SERVER_STAGES)
+endif
 # The browser tier's Chromium: Debian's package (Playwright's own download cannot be used here).
 CHROMIUM ?= /usr/bin/chromium
 
@@ -78,10 +88,10 @@ test:
 	fi; \
 	started=$$(date +%s); \
 	first=""; [ "$$(id -u)" -ne 0 ] || first="nice -n -5"; \
-	$$first $(MAKE) --no-print-directory lane STAGES="$(WORKER_STAGES)" PG_URL=$(PG_URL_WORKERS) \
+	$$first $(MAKE) --no-print-directory lane STAGES="$(WORKER_LANE)" PG_URL=$(PG_URL_WORKERS) \
 	  >artifacts/lane-workers.log 2>&1 & workers=$$!; \
 	AGENTRUN_TEST_BROKER_URL=$(AGENTRUN_TEST_REDIS)/$(SERVERS_BROKER_DB) \
-	  $$first $(MAKE) --no-print-directory lane STAGES="$(SERVER_STAGES)" PG_URL=$(PG_URL_SERVERS) \
+	  $$first $(MAKE) --no-print-directory lane STAGES="$(SERVER_LANE)" PG_URL=$(PG_URL_SERVERS) \
 	  >artifacts/lane-servers.log 2>&1 & servers=$$!; \
 	nice -n 10 $(MAKE) --no-print-directory lane STAGES="$(TEST_STAGES)"; units=$$?; \
 	wait $$workers; status=$$?; \
