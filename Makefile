@@ -13,34 +13,54 @@ PYTHON312 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12
 PYTHON313 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.13*/bin/python3.13) python3.13)
 VENV_DJANGO6 ?= .venv-django6
 
-# `make test` runs two lanes at once, each its stages in turn, timed (the first stage of a
-# lane that fails stops that lane; `make test` fails if either lane did):
+# `make test` runs three lanes at once, each its stages in turn, timed (the first stage of a
+# lane that fails stops that lane; `make test` fails if any lane did):
 # - TEST_STAGES, the CPU lane, at nice 10: lint, checks, the tiers without worker processes
 #   on two pytest-xdist processes each, Django 6.x's tiers, and the release check (a fresh
 #   project with its worker, from the built archives; last, so that its build has finished
-#   in the background, and here because this lane ends first);
-# - WORKER_STAGES, at nice -5 (where it may: root; else at 0): the tiers with real worker
-#   processes, servers and browsers, one test at a time. They mostly wait (leases, polls, a
-#   browser); when they need the CPU they get it first (a 2 s lease's renewal has half a
-#   second to reach the database), so their timings hold while the other lane runs.
-# Each lane has a Postgres database of its own (PG_URL, PG_URL_WORKERS): their test
-# databases never meet. The worker lane's output is in artifacts/lane-workers.log, printed
-# when both lanes are done. `make test SERIAL=1`: one lane, every stage in turn.
+#   in the background);
+# - WORKER_STAGES, the worker lane, at nice -5 (where it may: root; else at 0): the worker
+#   tier with real worker processes, less its MCP modules;
+# - SERVER_STAGES, the servers lane, at the same nice: the worker tier's MCP modules, its
+#   subsets on psycopg2 and behind the poolers, the Node client and the browsers.
+# The worker lanes run one test at a time each, so a test has at most one neighbour with
+# worker processes. They mostly wait (leases, polls, a browser); when they need the CPU they
+# get it first (a 2 s lease's renewal has half a second to reach the database), so their
+# timings hold while the CPU lane runs. Each lane has a Postgres database of its own
+# (PG_URL, PG_URL_WORKERS, PG_URL_SERVERS): their test databases never meet; the servers
+# lane's broker is Redis db 10 (SERVERS_BROKER_DB), the worker lane's db 9, and every test
+# has queues and stream keys of its own. The worker lanes' output is in
+# artifacts/lane-workers.log and artifacts/lane-servers.log, printed when every lane is done.
+# The lanes take about as long as each other: a stage moved from one to another should keep
+# them so. `make test SERIAL=1`: one lane, every stage in turn.
 # test-postgres is not one of them: test-django6 runs its tiers on Postgres (psycopg 3),
 # under Django 6, and test-postgres-ssb and -psycopg2 run them under Django 5.2 (less what is
-# the same on any driver: one_driver, run under 5.2 on SQLite); the worker lane runs the
+# the same on any driver: one_driver, run under 5.2 on SQLite); the worker lanes run the
 # engine on 5.2 and psycopg 3 with real processes.
 TEST_STAGES = lint checks docs test-sqlite test-postgres-ssb test-postgres-psycopg2 test-django6 \
 	test-explore test-release
-WORKER_STAGES = test-workers test-workers-psycopg2 test-pgbouncer test-django-pool test-node \
+WORKER_STAGES = test-workers
+SERVER_STAGES = test-workers-mcp test-workers-psycopg2 test-pgbouncer test-django-pool test-node \
 	test-browser test-browser-django6
 PG_URL_WORKERS ?= $(PG_URL)_workers
+PG_URL_SERVERS ?= $(PG_URL)_servers
+SERVERS_BROKER_DB ?= 10
+# `make test LANES=2`: the servers lane's stages run in the worker lane, after its own (two
+# lanes; the worker processes' tests never have a neighbour of their kind).
+LANES ?= 3
+ifeq ($(LANES),2)
+WORKER_LANE = $(WORKER_STAGES) $(SERVER_STAGES)
+SERVER_LANE =
+else
+WORKER_LANE = $(WORKER_STAGES)
+SERVER_LANE = $(SERVER_STAGES)
+endif
 # The browser tier's Chromium: Debian's package (Playwright's own download cannot be used here).
 CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: test lane lint checks test-sqlite test-postgres test-workers test-postgres-ssb \
-	test-postgres-psycopg2 test-workers-psycopg2 test-pgbouncer pgbouncer test-django-pool \
-	test-node node test-browser chromium test-django6 test-browser-django6 test-release demo demo-traces chat admin \
+.PHONY: test lane lint checks test-sqlite test-postgres test-workers test-workers-mcp \
+	test-postgres-ssb test-postgres-psycopg2 test-workers-psycopg2 test-pgbouncer pgbouncer \
+	test-django-pool test-node node test-browser chromium test-django6 test-browser-django6 test-release demo demo-traces chat admin \
 	test-explore explore \
 	bench bench-quick bench-load install soak
 
@@ -54,26 +74,34 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 # The slow installs (Django 6's virtualenv; the release check's archives and fresh
-# virtualenvs) are built in the background, at nice 10, while the first stages run (logs in
-# artifacts/prebuild-*.log); each stage that needs one waits for its build (flock).
+# virtualenvs; Debian's Chromium, PgBouncer and Node.js where they are missing) are built in
+# the background, at nice 10, while the first stages run (logs in artifacts/prebuild-*.log);
+# each stage that needs one waits for its build (flock).
 test:
 	@mkdir -p artifacts
+	@nice -n 10 $(MAKE) --no-print-directory prebuild-system >artifacts/prebuild-system.log 2>&1 &
 	@nice -n 10 $(MAKE) --no-print-directory prebuild-django6 >artifacts/prebuild-django6.log 2>&1 &
 	@$(MAKE) --no-print-directory install
 	@nice -n 10 $(MAKE) --no-print-directory prebuild-release >artifacts/prebuild-release.log 2>&1 &
 	@if [ -n "$(SERIAL)" ]; then \
-	  exec $(MAKE) --no-print-directory lane STAGES="$(TEST_STAGES) $(WORKER_STAGES)"; \
+	  exec $(MAKE) --no-print-directory lane STAGES="$(TEST_STAGES) $(WORKER_STAGES) $(SERVER_STAGES)"; \
 	fi; \
 	started=$$(date +%s); \
-	{ first=""; [ "$$(id -u)" -ne 0 ] || first="nice -n -5"; \
-	  $$first $(MAKE) --no-print-directory lane STAGES="$(WORKER_STAGES)" PG_URL=$(PG_URL_WORKERS) \
-	  >artifacts/lane-workers.log 2>&1; } & workers=$$!; \
+	first=""; [ "$$(id -u)" -ne 0 ] || first="nice -n -5"; \
+	$$first $(MAKE) --no-print-directory lane STAGES="$(WORKER_LANE)" PG_URL=$(PG_URL_WORKERS) \
+	  >artifacts/lane-workers.log 2>&1 & workers=$$!; \
+	AGENTRUN_TEST_BROKER_URL=$(AGENTRUN_TEST_REDIS)/$(SERVERS_BROKER_DB) \
+	  $$first $(MAKE) --no-print-directory lane STAGES="$(SERVER_LANE)" PG_URL=$(PG_URL_SERVERS) \
+	  >artifacts/lane-servers.log 2>&1 & servers=$$!; \
 	nice -n 10 $(MAKE) --no-print-directory lane STAGES="$(TEST_STAGES)"; units=$$?; \
 	wait $$workers; status=$$?; \
+	wait $$servers; served=$$?; \
 	echo "--- the worker lane (artifacts/lane-workers.log) ---"; \
 	cat artifacts/lane-workers.log; \
-	echo "lanes: $$(( $$(date +%s) - started )) s (exit $$units, $$status)"; \
-	[ $$units -eq 0 ] && [ $$status -eq 0 ]
+	echo "--- the servers lane (artifacts/lane-servers.log) ---"; \
+	cat artifacts/lane-servers.log; \
+	echo "lanes: $$(( $$(date +%s) - started )) s (exit $$units, $$status, $$served)"; \
+	[ $$units -eq 0 ] && [ $$status -eq 0 ] && [ $$served -eq 0 ]
 
 # One lane: STAGES in turn, timed; the first that fails stops it.
 lane:
@@ -84,7 +112,39 @@ lane:
 	  [ $$status -eq 0 ] || exit $$status; \
 	done
 
-.PHONY: prebuild-django6 prebuild-release
+# Debian's packages of the servers lane: Chromium (the browser tier), PgBouncer and Node.js
+# with npm, those that are missing installed with one apt-get where it can (as root; under
+# `make test`, in the background from the start: prebuild-system). Each stage's own target
+# (chromium, pgbouncer, node) waits for that install (flock), then installs what is still
+# missing or says that it could not (its tier is then skipped, saying so).
+SYSTEM_LOCK ?= .system-packages.lock
+SYSTEM_PACKAGES ?= chromium pgbouncer node
+
+prebuild-system:
+	flock $(SYSTEM_LOCK) $(MAKE) --no-print-directory system-packages
+
+chromium:
+	@flock $(SYSTEM_LOCK) $(MAKE) --no-print-directory system-packages SYSTEM_PACKAGES=chromium
+pgbouncer:
+	@flock $(SYSTEM_LOCK) $(MAKE) --no-print-directory system-packages SYSTEM_PACKAGES=pgbouncer
+node:
+	@flock $(SYSTEM_LOCK) $(MAKE) --no-print-directory system-packages SYSTEM_PACKAGES=node
+
+system-packages:
+	@missing=""; \
+	for name in $(SYSTEM_PACKAGES); do case $$name in \
+	  chromium) test -x $(CHROMIUM) || missing="$$missing chromium";; \
+	  pgbouncer) command -v pgbouncer >/dev/null || test -x /usr/sbin/pgbouncer \
+	    || missing="$$missing pgbouncer";; \
+	  node) command -v npm >/dev/null || missing="$$missing nodejs npm";; \
+	esac; done; \
+	[ -z "$$missing" ] || { \
+	  echo "Missing: apt-get install -y$$missing"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing) \
+	    >/dev/null 2>&1 || echo "Could not install$$missing (what needs it is skipped, saying so)"; \
+	}
+
+.PHONY: prebuild-django6 prebuild-release prebuild-system system-packages
 prebuild-django6:
 	flock $(VENV_DJANGO6).lock $(MAKE) --no-print-directory $(VENV_DJANGO6)/.installed
 
@@ -110,13 +170,19 @@ checks: install
 # and Redis), browser. Each run below takes the tiers whose outcome can differ in its
 # setting (database, driver, Django). The tiers without worker processes run on two
 # pytest-xdist processes ($(XDIST); each has a test database of its own); the workers tier
-# runs one test at a time, so that its leases and timings are never measured against a
-# neighbour of its own (and, under `make test`, ahead of the CPU lane: see above).
+# runs one test at a time in each run, so that its leases and timings are measured against
+# one neighbour at most (the other worker lane's test under `make test`, both ahead of the
+# CPU lane: see above).
 XDIST ?= -n 2
 # Not in the workers tier's runs: the fresh-project test runs in test-release (on the built
 # wheel and sdist instead of this checkout), the AI SDK's in test-node.
 WORKER_TIER = tests/workers --ignore=tests/workers/test_fresh_project.py \
 	--ignore=tests/workers/test_ai_sdk.py
+# Under `make test` the tier is run in two halves, one in each worker lane (see `test`): the
+# MCP modules (real MCP server processes: their crash matrix on both protocols, the
+# credentials) in test-workers-mcp, in the servers lane; the rest in test-workers. `make
+# test-workers test-workers-mcp` runs the whole tier.
+WORKER_TIER_MCP = tests/workers/test_mcp.py tests/workers/test_mcp_credentials.py
 
 # SQLite in memory, scripted model client: no services.
 test-sqlite: install
@@ -130,7 +196,11 @@ test-postgres: install
 # Redis, killed with SIGKILL (the chaos test also through TCP proxies it faults, and with a
 # worker whose wall clock jumps: tests/wallclock.c, built with the system's C compiler).
 test-workers: install
-	DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest $(WORKER_TIER) -q
+	DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest $(WORKER_TIER) $(addprefix --ignore=,$(WORKER_TIER_MCP)) \
+	  -q
+
+test-workers-mcp: install
+	DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest $(WORKER_TIER_MCP) -q
 
 # The chaos soak, long (docs/how-to/development.md): SOAKS soaks in a row, each SOAK_SECONDS
 # of faults over SOAK_RUNS runs, a new seed each; the first that fails stops it.
@@ -194,27 +264,11 @@ test-pgbouncer: install pgbouncer
 test-django-pool: install
 	AGENTRUN_TEST_DJANGO_POOL=1 DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest $(POOL_TESTS) -q
 
-# Debian's PgBouncer, installed when it is missing and apt-get can (as root).
-pgbouncer:
-	@command -v pgbouncer >/dev/null || test -x /usr/sbin/pgbouncer || { \
-	  echo "PgBouncer is missing: apt-get install -y pgbouncer"; \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer) >/dev/null 2>&1 \
-	    || echo "PgBouncer could not be installed: the PgBouncer tier will be skipped"; \
-	}
-
 # The AI SDK's own client (the `ai` package from npm, pinned by tests/node/package-lock.json)
 # reading the live stream's UI message stream format from uvicorn and a real worker.
 test-node: install node
 	cd tests/node && npm ci --no-audit --no-fund --loglevel=error
 	DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest tests/workers/test_ai_sdk.py -q -rs
-
-# Node.js and npm, from Debian when they are missing and apt-get can (as root).
-node:
-	@command -v npm >/dev/null || { \
-	  echo "Node.js is missing: apt-get install -y nodejs npm"; \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm) >/dev/null 2>&1 \
-	    || echo "Node.js could not be installed: the AI SDK test will fail"; \
-	}
 
 # The admin as an operator uses it, and the example chat page: headless Chromium (Debian's,
 # through the playwright package) against a live server on Postgres, psycopg 3 (the chat
@@ -222,14 +276,6 @@ node:
 # Without Chromium (and no way to install it) the tier is skipped, saying so.
 test-browser: install chromium
 	AGENTRUN_CHROMIUM=$(CHROMIUM) DATABASE_URL=$(PG_URL) $(PYTHON) -m pytest tests/browser -q -rs
-
-# Debian's Chromium, installed when it is missing and apt-get can (as root).
-chromium:
-	@test -x $(CHROMIUM) || { \
-	  echo "Chromium is missing: apt-get install -y chromium"; \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null 2>&1 \
-	    || echo "Chromium could not be installed: the browser tests will be skipped"; \
-	}
 
 # The newest Django 6.x pip resolves, on Python 3.12: the pure, db and postgres tiers on
 # Postgres (psycopg 3; under `make test`, in place of test-postgres), and the admin in the
