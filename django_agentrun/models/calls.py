@@ -22,6 +22,7 @@ from ..states import (
     TurnState,
 )
 from .base import UsageCounts, transition_to, width
+from .recorded import Recorded, RecordedField, RecordedManager, filled_from
 from .runs import Run
 
 
@@ -40,8 +41,17 @@ class Turn(FSMModelMixin, UsageCounts):
     is_final = models.BooleanField(
         default=False, help_text="The last allowed turn: final notice sent, no tools offered."
     )
-    content = json_field(
-        null=True, blank=True, help_text="The assistant content blocks, as the API returned them."
+    content = RecordedField(
+        null=True,
+        blank=True,
+        seq_field="content_seq",
+        help_text="The assistant content blocks, as the API returned them (in the column only "
+        "on rows no event holds them for: content_seq).",
+    )
+    content_seq = models.IntegerField(
+        null=True,
+        blank=True,
+        help_text="The seq of the model_response event whose content this is (models/recorded.py).",
     )
     message_id = models.CharField(max_length=200, blank=True)
     request_id = models.CharField(max_length=200, blank=True)
@@ -62,8 +72,14 @@ class Turn(FSMModelMixin, UsageCounts):
     started_at = models.DateTimeField(default=timezone.now)
     finished_at = models.DateTimeField(null=True, blank=True)
 
+    RECORDED = (Recorded("content", "content_seq", "content"),)
+    recorded_content = filled_from(RECORDED[0])
+
+    objects = RecordedManager()
+
     class Meta:
         ordering = ["run", "index"]
+        base_manager_name = "objects"
         constraints = [
             models.UniqueConstraint(fields=["run", "index"], name="agentrun_turn_run_index"),
         ]

@@ -16,7 +16,7 @@ from ..models import Run, RunEventRow, ToolCall, Turn
 from ..states import RUN_CLAIMABLE
 from . import outbox
 from .rows import Result, orm_rows
-from .writes import Lease, Share, Write, refused, sent, settle
+from .writes import Lease, Share, Write, placed_in, refused, sent, settle
 
 # The columns of an earlier run of a conversation that a follow-up's history reads.
 EARLIER_RUN_FIELDS = ("id", "conversation_position", "input", "context", "state", "last_seq")
@@ -163,12 +163,20 @@ def _fenced(lease: Lease) -> Any:
 
 def _send(write: Write) -> None:
     run = write.run
+    placed = placed_in(write)
+    # A value its event holds is not copied into the row (models/recorded.py): the row
+    # takes the event's seq once the run's UPDATE has told it.
+    held = {(id(p.obj), p.spec.attr) for p in placed}
     for change in write.changed:
         model = type(change.obj)
         rows = model._base_manager.filter(pk=change.obj.pk)
         if change.expected is not None:
             rows = rows.filter(state=change.expected)
-        if rows.update(**change.fields) != 1:
+        fields = {
+            name: None if (id(change.obj), name) in held else value
+            for name, value in change.fields.items()
+        }
+        if rows.update(**fields) != 1:
             refused(write)
     target = Run._base_manager.filter(pk=run.pk)
     if write.expected_state is not None:
@@ -190,6 +198,13 @@ def _send(write: Write) -> None:
     last_seq, cancel_at = (
         Run._base_manager.filter(pk=run.pk).values_list("last_seq", "cancel_requested_at").get()
     )
+    first = last_seq - len(write.events) + 1
+    for p in placed:
+        setattr(p.obj, p.spec.seq_field, first + p.place)
+        if p.obj.pk is not None:  # a row changed above (an added one is saved below)
+            type(p.obj)._base_manager.filter(pk=p.obj.pk).update(
+                **{p.spec.seq_field: first + p.place}
+            )
     for obj in write.added:
         if isinstance(obj, Turn):
             obj.save(force_insert=True)
@@ -206,4 +221,4 @@ def _send(write: Write) -> None:
             events=[[kind, data] for kind, data in write.events],
             created_at=now,
         ).save(force_insert=True)
-    settle(write, last_seq, cancel_at is not None)
+    settle(write, last_seq, cancel_at is not None, placed)

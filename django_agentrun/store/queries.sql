@@ -46,7 +46,16 @@ WHERE "id" = %(run_id)s
 RETURNING *
 
 -- name: select_turns
-SELECT * FROM "agentrun_turn" WHERE "run_id" = %(run_id)s ORDER BY "index"
+-- A turn's content from the event that holds it (content_seq; models/recorded.py
+-- EventValue, the same subquery): the event row holding that seq, read backwards through
+-- the unique (run, seq) index. Rows written before migration 0020 hold it inline.
+SELECT t.*, (
+  SELECT e."events" -> (t."content_seq" - e."seq") -> 1 -> 'content'
+  FROM "agentrun_runeventrow" AS e
+  WHERE e."run_id" = t."run_id" AND e."seq" <= t."content_seq"
+  ORDER BY e."seq" DESC LIMIT 1
+) AS "recorded_content"
+FROM "agentrun_turn" AS t WHERE t."run_id" = %(run_id)s ORDER BY t."index"
 
 -- name: select_tool_calls
 SELECT * FROM "agentrun_toolcall" WHERE "run_id" = %(run_id)s ORDER BY "turn_index", "position"
@@ -62,7 +71,13 @@ WHERE "conversation_id" = %(conversation_id)s AND "conversation_position" < %(po
 ORDER BY "conversation_position"
 
 -- name: select_earlier_turns
-SELECT t.* FROM "agentrun_turn" AS t JOIN "agentrun_run" AS r ON r."id" = t."run_id"
+SELECT t.*, (
+  SELECT e."events" -> (t."content_seq" - e."seq") -> 1 -> 'content'
+  FROM "agentrun_runeventrow" AS e
+  WHERE e."run_id" = t."run_id" AND e."seq" <= t."content_seq"
+  ORDER BY e."seq" DESC LIMIT 1
+) AS "recorded_content"
+FROM "agentrun_turn" AS t JOIN "agentrun_run" AS r ON r."id" = t."run_id"
 WHERE r."conversation_id" = %(conversation_id)s AND r."conversation_position" < %(position)s
   AND NOT r."rolled_back"
 ORDER BY r."conversation_position", t."index"
@@ -173,6 +188,11 @@ SELECT * FROM agentrun_write(
 -- one agentrun_runeventrow row whose seqs run up to the run's new last_seq (RunEventRow;
 -- the view agentrun_event shows them one per seq).
 --
+-- A value an event records is not copied into its row (issue #38; models/recorded.py): a
+-- turn's "content_seq" comes as the place of its model_response event in p_events (1 for
+-- the first) and is stored as the seq that event takes, the run's last_seq (read in
+-- run_locked, the row locked) plus that place; the row's "content" stays NULL.
+--
 -- The rows to change are read through LIMIT <their count> (the count the run's UPDATE
 -- checks anyway): the planner cannot see into a JSON list and takes it for 100 rows, which
 -- makes a hash join over a sequential scan of the whole turn or tool-call table look
@@ -228,12 +248,13 @@ BEGIN
 RETURN QUERY
 WITH
 run_locked AS MATERIALIZED (
-  SELECT "id" FROM "agentrun_run" WHERE "id" = p_run_id FOR NO KEY UPDATE
+  SELECT "id", "last_seq" FROM "agentrun_run" WHERE "id" = p_run_id FOR NO KEY UPDATE
 ),
 turns_changed AS (
   UPDATE "agentrun_turn" AS t SET
     "state" = CASE WHEN v.changes ? 'state' THEN p."state" ELSE t."state" END,
     "content" = CASE WHEN v.changes ? 'content' THEN p."content" ELSE t."content" END,
+    "content_seq" = CASE WHEN v.changes ? 'content_seq' THEN run_locked."last_seq" + p."content_seq" ELSE t."content_seq" END,
     "message_id" = CASE WHEN v.changes ? 'message_id' THEN p."message_id" ELSE t."message_id" END,
     "request_id" = CASE WHEN v.changes ? 'request_id' THEN p."request_id" ELSE t."request_id" END,
     "model" = CASE WHEN v.changes ? 'model' THEN p."model" ELSE t."model" END,
@@ -256,11 +277,13 @@ turns_changed AS (
 ),
 turns_added AS (
   INSERT INTO "agentrun_turn" (
-    "run_id", "index", "state", "is_final", "content", "message_id", "request_id", "model",
-    "stop_reason", "model_attempts", "usage_details", "prefix", "input_tokens", "output_tokens",
-    "cache_creation_input_tokens", "cache_read_input_tokens", "started_at", "finished_at"
+    "run_id", "index", "state", "is_final", "content", "content_seq", "message_id", "request_id",
+    "model", "stop_reason", "model_attempts", "usage_details", "prefix", "input_tokens",
+    "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens", "started_at",
+    "finished_at"
   )
-  SELECT p."run_id", p."index", p."state", p."is_final", p."content", p."message_id",
+  SELECT p."run_id", p."index", p."state", p."is_final", p."content",
+         (SELECT l."last_seq" FROM run_locked AS l) + p."content_seq", p."message_id",
          p."request_id", p."model", p."stop_reason", p."model_attempts",
          COALESCE(p."usage_details", '{}'::jsonb), COALESCE(p."prefix", ''), p."input_tokens",
          p."output_tokens", p."cache_creation_input_tokens", p."cache_read_input_tokens",
