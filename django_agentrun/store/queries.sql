@@ -248,13 +248,14 @@ BEGIN
 RETURN QUERY
 WITH
 run_locked AS MATERIALIZED (
-  SELECT "id", "last_seq" FROM "agentrun_run" WHERE "id" = p_run_id FOR NO KEY UPDATE
+  SELECT "id", "last_seq" AS "seq_before" FROM "agentrun_run" WHERE "id" = p_run_id
+  FOR NO KEY UPDATE
 ),
 turns_changed AS (
   UPDATE "agentrun_turn" AS t SET
     "state" = CASE WHEN v.changes ? 'state' THEN p."state" ELSE t."state" END,
     "content" = CASE WHEN v.changes ? 'content' THEN p."content" ELSE t."content" END,
-    "content_seq" = CASE WHEN v.changes ? 'content_seq' THEN run_locked."last_seq" + p."content_seq" ELSE t."content_seq" END,
+    "content_seq" = CASE WHEN v.changes ? 'content_seq' THEN run_locked."seq_before" + p."content_seq" ELSE t."content_seq" END,
     "message_id" = CASE WHEN v.changes ? 'message_id' THEN p."message_id" ELSE t."message_id" END,
     "request_id" = CASE WHEN v.changes ? 'request_id' THEN p."request_id" ELSE t."request_id" END,
     "model" = CASE WHEN v.changes ? 'model' THEN p."model" ELSE t."model" END,
@@ -283,7 +284,7 @@ turns_added AS (
     "finished_at"
   )
   SELECT p."run_id", p."index", p."state", p."is_final", p."content",
-         (SELECT l."last_seq" FROM run_locked AS l) + p."content_seq", p."message_id",
+         (SELECT l."seq_before" FROM run_locked AS l) + p."content_seq", p."message_id",
          p."request_id", p."model", p."stop_reason", p."model_attempts",
          COALESCE(p."usage_details", '{}'::jsonb), COALESCE(p."prefix", ''), p."input_tokens",
          p."output_tokens", p."cache_creation_input_tokens", p."cache_read_input_tokens",
@@ -382,6 +383,9 @@ r AS (
          OR (r."lease_epoch" = p_epoch AND r."lease_owner" = p_owner))
     AND (SELECT count(*) FROM turns_changed) = p_turns_changed_count
     AND (SELECT count(*) FROM calls_changed) = p_calls_changed_count
+    -- The turns added before this UPDATE: they read run_locked, which finds no row once
+    -- this statement has updated it (a row the statement changed is not locked again).
+    AND (SELECT count(*) FROM turns_added) >= 0
   RETURNING r."last_seq", r."cancel_requested_at", r."lease_expires_at"
 ),
 events AS (
