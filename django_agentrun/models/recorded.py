@@ -78,7 +78,7 @@ class EventValue(models.Func):
             compiler.compile(e) for e in self.get_source_expressions()
         )
         if connection.vendor == "postgresql":
-            value = f"e.\"events\" -> ({seq} - e.\"seq\") -> 1 -> '{self.key}'"
+            value = f'e."events" -> ({seq} - e."seq") -> 1 -> \'{self.key}\''
         else:  # SQLite's -> returns JSON text, strings quoted
             value = f"e.\"events\" -> ('$[' || ({seq} - e.\"seq\") || '][1].{self.key}')"
         sql = (

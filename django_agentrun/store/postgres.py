@@ -249,9 +249,7 @@ def _send(write: Write, fenced: type[Exception] | None = None) -> None:
     settle(write, int(last_seq), cancel_requested_at is not None, list(placed.values()))
 
 
-def _changes(
-    model: type, changes: list[Change], placed: dict[int, Placed]
-) -> list[dict[str, Any]]:
+def _changes(model: type, changes: list[Change], placed: dict[int, Placed]) -> list[dict[str, Any]]:
     return [
         {
             "id": c.obj.pk,

@@ -152,7 +152,9 @@ def placed_in(write: Write) -> list[Placed]:
     if not write.events:
         return []
     changed = [
-        c.obj for c in write.changed if any(s.attr in c.fields for s in getattr(c.obj, "RECORDED", ()))
+        c.obj
+        for c in write.changed
+        if any(s.attr in c.fields for s in getattr(c.obj, "RECORDED", ()))
     ]
     return placed([*write.added, *changed], write.events)
 
@@ -176,7 +178,7 @@ def _nudge() -> Callable[[Any, int], Any] | None:
 
 
 def settle(
-    write: Write, last_seq: int, cancel_requested: bool, placed: list[Placed] = ()
+    write: Write, last_seq: int, cancel_requested: bool, placed: Iterable[Placed] = ()
 ) -> None:
     """The run instance takes what was written (the write was sent), the rows of recorded
     values the seqs of the events that hold them."""

@@ -89,10 +89,15 @@ def _render(user: User, run: Run) -> dict[str, str]:
         "admin run": reverse("admin:agentrun_run_change", args=[run.pk]),
         "admin runs": reverse("admin:agentrun_run_changelist"),
         **{
-            f"admin turn {t.index}": reverse("admin:agentrun_run_value", args=[run.pk, f"turn-{t.index}"])
+            f"admin turn {t.index}": reverse(
+                "admin:agentrun_run_value", args=[run.pk, f"turn-{t.index}"]
+            )
             for t in Turn.objects.filter(run=run)
         },
-        **{f"admin call {c.pk}": reverse("admin:agentrun_toolcall_change", args=[c.pk]) for c in calls},
+        **{
+            f"admin call {c.pk}": reverse("admin:agentrun_toolcall_change", args=[c.pk])
+            for c in calls
+        },
     }
     out = {}
     for name, path in pages.items():
@@ -118,7 +123,9 @@ def test_content_once__rows_name_their_events_and_hold_no_copy():
     )
     turns = list(Turn.objects.filter(run=run).order_by("index"))
     # The columns as stored (values_list reads them, not the events).
-    stored = list(Turn.objects.filter(run=run).order_by("index").values_list("content", "content_seq"))
+    stored = list(
+        Turn.objects.filter(run=run).order_by("index").values_list("content", "content_seq")
+    )
     assert len(stored) == 2
     for turn, (inline, seq) in zip(turns, stored, strict=True):
         event = RunEvent.objects.get(run=run, seq=seq)
@@ -154,4 +161,7 @@ def test_content_once__the_history_is_the_same_either_way():
         assert fork.state == RunState.COMPLETED
         asked.append(client.requests[0].messages)
     assert asked[0] == asked[1]
-    assert asked[0][1] == {"role": "assistant", "content": [text("Looking."), *asked[0][1]["content"][1:]]}
+    assert asked[0][1] == {
+        "role": "assistant",
+        "content": [text("Looking."), *asked[0][1]["content"][1:]],
+    }
