@@ -305,8 +305,8 @@ def dumps(value: Any) -> str:
 
 
 def _value(field: models.Field, obj: Any) -> Any:
-    if isinstance(field, RecordedField):
-        return field.pre_save(obj, True)  # NULL where an event holds it
+    if isinstance(field, RecordedField) and getattr(obj, field.seq_field) is not None:
+        return None  # its event holds it (RecordedField.pre_save, as the ORM saves it)
     value = getattr(obj, field.attname)
     if isinstance(field, models.JSONField) or value is None:
         return value
