@@ -199,26 +199,31 @@ def _send(write: Write) -> None:
         Run._base_manager.filter(pk=run.pk).values_list("last_seq", "cancel_requested_at").get()
     )
     first = last_seq - len(write.events) + 1
-    for p in placed:
-        setattr(p.obj, p.spec.seq_field, first + p.place)
-        if p.obj.pk is not None:  # a row changed above (an added one is saved below)
-            type(p.obj)._base_manager.filter(pk=p.obj.pk).update(
-                **{p.spec.seq_field: first + p.place}
-            )
-    for obj in write.added:
-        if isinstance(obj, Turn):
-            obj.save(force_insert=True)
-    for obj in write.added:
-        if isinstance(obj, ToolCall):
-            if obj.turn_id is None:
-                obj.turn_id = obj.turn.pk
-            obj.save(force_insert=True)
-    if write.events:
-        RunEventRow(
-            run_id=run.pk,
-            seq=last_seq - len(write.events) + 1,
-            seq_to=last_seq,
-            events=[[kind, data] for kind, data in write.events],
-            created_at=now,
-        ).save(force_insert=True)
+    try:
+        for p in placed:
+            setattr(p.obj, p.spec.seq_field, first + p.place)
+            if p.obj.pk is not None:  # a row changed above (an added one is saved below)
+                type(p.obj)._base_manager.filter(pk=p.obj.pk).update(
+                    **{p.spec.seq_field: first + p.place}
+                )
+        for obj in write.added:
+            if isinstance(obj, Turn):
+                obj.save(force_insert=True)
+        for obj in write.added:
+            if isinstance(obj, ToolCall):
+                if obj.turn_id is None:
+                    obj.turn_id = obj.turn.pk
+                obj.save(force_insert=True)
+        if write.events:
+            RunEventRow(
+                run_id=run.pk,
+                seq=first,
+                seq_to=last_seq,
+                events=[[kind, data] for kind, data in write.events],
+                created_at=now,
+            ).save(force_insert=True)
+    except BaseException:
+        for p in placed:  # rolled back: no event holds the value (a retry places it again)
+            setattr(p.obj, p.spec.seq_field, None)
+        raise
     settle(write, last_seq, cancel_at is not None, placed)
