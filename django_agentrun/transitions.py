@@ -484,8 +484,8 @@ def create_run(
     events = [payloads.run_created(run, run.owner, forked_by=forked_by), *history]
     run.last_seq = len(events)
     run.save(force_insert=True)
-    turns = list(turns)
-    for found in placed(turns, events):  # held by their events, not copied
+    turns, calls = list(turns), list(calls)
+    for found in placed([*turns, *calls], events):  # held by their events, not copied
         setattr(found.obj, found.spec.seq_field, found.place + 1)
     Turn.objects.bulk_create(turns)
     ToolCall.objects.bulk_create(calls)

@@ -1,15 +1,17 @@
-"""Each byte of a model's answer written once (issue #38): a turn's content is kept by the
-model_response event that records it, and the turn's row names that event by its seq
-(`content_seq`) instead of holding a copy (models/recorded.py; docs/explanation/storage.md,
-"Written once").
+"""Each byte of a model's answer and of a tool's result written once (issue #38): a turn's
+content is kept by the model_response event that records it, a call's result by the event
+that recorded it (its closing, or its last replacement), and the rows name those events by
+their seqs (`content_seq`, `result_seq`) instead of holding copies (models/recorded.py;
+docs/explanation/storage.md, "Written once").
 
-Forward: the nullable column `content_seq` (no default, no constraint: Postgres adds it
-without rewriting or scanning the table), the field's class (a state change: the column
-stays as it is), and the engine's write function (queries.sql `write_function`, a frozen
-copy below) storing the seq for new answers. Existing rows keep their content inline and are
-read as they are: nothing is copied, nothing locked for longer than the ALTER's catalog
-change. Backward: the content of the rows that name their event copied back into the
-column, then the column dropped and 0013's function installed again.
+Forward: the nullable columns `content_seq` and `result_seq` (no default, no constraint:
+Postgres adds them without rewriting or scanning the table), the fields' classes (a state
+change: the columns stay as they are), and the engine's write function (queries.sql
+`write_function`, a frozen copy below) storing the seqs for new answers and results.
+Existing rows keep their values inline and are read as they are: nothing is copied,
+nothing locked for longer than the ALTERs' catalog changes. Backward: the values of the
+rows that name their events copied back into the columns, then the columns dropped and
+0013's function installed again.
 """
 
 import importlib
@@ -107,6 +109,7 @@ calls_changed AS (
     "heartbeat_at" = CASE WHEN v.changes ? 'heartbeat_at' THEN p."heartbeat_at" ELSE c."heartbeat_at" END,
     "finished_at" = CASE WHEN v.changes ? 'finished_at' THEN p."finished_at" ELSE c."finished_at" END,
     "result" = CASE WHEN v.changes ? 'result' THEN p."result" ELSE c."result" END,
+    "result_seq" = CASE WHEN v.changes ? 'result_seq' THEN run_locked."seq_before" + p."result_seq" ELSE c."result_seq" END,
     "result_format" = CASE WHEN v.changes ? 'result_format' THEN p."result_format" ELSE c."result_format" END,
     "is_error" = CASE WHEN v.changes ? 'is_error' THEN p."is_error" ELSE c."is_error" END,
     "result_source" = CASE WHEN v.changes ? 'result_source' THEN p."result_source" ELSE c."result_source" END,
@@ -132,15 +135,16 @@ calls_added AS (
   INSERT INTO "agentrun_toolcall" (
     "run_id", "turn_id", "turn_index", "tool_call_id", "position", "name", "arguments",
     "arguments_hash", "side_effect", "idempotency_key", "state", "attempt", "started_at",
-    "heartbeat_at", "finished_at", "result", "result_format", "is_error", "result_source",
-    "unknown_reason", "approved", "approval_payload", "approval_deadline", "decided_by_id",
-    "decided_at", "decision_note", "original_arguments", "created_at"
+    "heartbeat_at", "finished_at", "result", "result_seq", "result_format", "is_error",
+    "result_source", "unknown_reason", "approved", "approval_payload", "approval_deadline",
+    "decided_by_id", "decided_at", "decision_note", "original_arguments", "created_at"
   )
   SELECT p."run_id",
          COALESCE(p."turn_id", (SELECT a."id" FROM turns_added a WHERE a."index" = p."turn_index")),
          p."turn_index", p."tool_call_id", p."position", p."name", p."arguments",
          p."arguments_hash", p."side_effect", p."idempotency_key", p."state", p."attempt",
-         p."started_at", p."heartbeat_at", p."finished_at", p."result", p."result_format",
+         p."started_at", p."heartbeat_at", p."finished_at", p."result",
+         (SELECT l."seq_before" FROM run_locked AS l) + p."result_seq", p."result_format",
          p."is_error", p."result_source", p."unknown_reason", p."approved",
          p."approval_payload", p."approval_deadline", p."decided_by_id", p."decided_at",
          p."decision_note", p."original_arguments", p."created_at"
@@ -189,6 +193,7 @@ r AS (
     AND (SELECT count(*) FROM turns_changed) = p_turns_changed_count
     AND (SELECT count(*) FROM calls_changed) = p_calls_changed_count
     AND (SELECT count(*) FROM turns_added) >= 0
+    AND (SELECT count(*) FROM calls_added) >= 0
   RETURNING r."last_seq", r."cancel_requested_at", r."lease_expires_at"
 ),
 events AS (
@@ -209,24 +214,29 @@ $agentrun_write$
 """
 
 # The content of each turn that names its event, back into its row (unapplying).
-INLINE = {
+# The values of the rows that name their events, back into the rows (unapplying).
+_INLINE = {
     "postgresql": """
-UPDATE "agentrun_turn" AS t SET "content" = (
-  SELECT e."events" -> (t."content_seq" - e."seq") -> 1 -> 'content'
+UPDATE "{table}" AS t SET "{column}" = (
+  SELECT e."events" -> (t."{seq}" - e."seq") -> 1 -> '{key}'
   FROM "agentrun_runeventrow" AS e
-  WHERE e."run_id" = t."run_id" AND e."seq" <= t."content_seq"
+  WHERE e."run_id" = t."run_id" AND e."seq" <= t."{seq}"
   ORDER BY e."seq" DESC LIMIT 1
-) WHERE t."content_seq" IS NOT NULL
+) WHERE t."{seq}" IS NOT NULL
 """,
     "sqlite": """
-UPDATE "agentrun_turn" SET "content" = (
-  SELECT e."events" -> ('$[' || ("agentrun_turn"."content_seq" - e."seq") || '][1].content')
+UPDATE "{table}" SET "{column}" = (
+  SELECT e."events" -> ('$[' || ("{table}"."{seq}" - e."seq") || '][1].{key}')
   FROM "agentrun_runeventrow" AS e
-  WHERE e."run_id" = "agentrun_turn"."run_id" AND e."seq" <= "agentrun_turn"."content_seq"
+  WHERE e."run_id" = "{table}"."run_id" AND e."seq" <= "{table}"."{seq}"
   ORDER BY e."seq" DESC LIMIT 1
-) WHERE "content_seq" IS NOT NULL
+) WHERE "{seq}" IS NOT NULL
 """,
 }
+RECORDED = [
+    {"table": "agentrun_turn", "column": "content", "seq": "content_seq", "key": "content"},
+    {"table": "agentrun_toolcall", "column": "result", "seq": "result_seq", "key": "result"},
+]
 
 
 def install(apps, schema_editor):
@@ -236,12 +246,13 @@ def install(apps, schema_editor):
 
 def uninstall(apps, schema_editor):
     vendor = schema_editor.connection.vendor
-    if vendor not in INLINE:
+    if vendor not in _INLINE:
         raise NotImplementedError(f"django-agentrun runs on Postgres or SQLite, not {vendor}")
     if vendor == "postgresql":
         previous = importlib.import_module("django_agentrun.migrations.0013_eventrows_commit_rows")
         schema_editor.execute(previous.FUNCTION)
-    schema_editor.execute(INLINE[vendor])
+    for names in RECORDED:
+        schema_editor.execute(_INLINE[vendor].format(**names))
 
 
 class Migration(migrations.Migration):
@@ -275,6 +286,37 @@ class Migration(migrations.Migration):
                 seq_field="content_seq",
             ),
         ),
-        # After the column (the function inserts it); unapplied before it is dropped.
+        migrations.AlterModelOptions(
+            name="toolcall",
+            options={
+                "base_manager_name": "objects",
+                "ordering": ["run", "turn_index", "position"],
+                "permissions": [("approve_toolcall", "Can approve, reject and resolve tool calls")],
+            },
+        ),
+        migrations.AddField(
+            model_name="toolcall",
+            name="result_seq",
+            field=models.IntegerField(
+                blank=True,
+                help_text="The seq of the event that recorded the result the call holds now "
+                "(its closing, or the last replacement: models/recorded.py).",
+                null=True,
+            ),
+        ),
+        migrations.AlterField(
+            model_name="toolcall",
+            name="result",
+            field=django_agentrun.models.recorded.RecordedField(
+                blank=True,
+                decoder=django_agentrun.fields.StorableJSONDecoder,
+                encoder=django_agentrun.fields.StorableJSONEncoder,
+                help_text="The result: a JSON value, or content blocks (result_format); in the "
+                "column only on rows no event holds it for (result_seq).",
+                null=True,
+                seq_field="result_seq",
+            ),
+        ),
+        # After the columns (the function inserts them); unapplied before they are dropped.
         migrations.RunPython(install, uninstall, elidable=False),
     ]

@@ -22,7 +22,7 @@ from ..states import (
     TurnState,
 )
 from .base import UsageCounts, transition_to, width
-from .recorded import Recorded, RecordedField, RecordedManager, filled_from
+from .recorded import Recorded, RecordedField, RecordedManager, RecordedQuerySet, filled_from
 from .runs import Run
 
 
@@ -106,7 +106,7 @@ class Turn(FSMModelMixin, UsageCounts):
     to_failed = transition_to(state, TURN_TRANSITIONS, TurnState.FAILED)
 
 
-class ToolCallQuerySet(models.QuerySet["ToolCall"]):
+class ToolCallQuerySet(RecordedQuerySet):
     def open(self) -> ToolCallQuerySet:
         return self.exclude(state__in=TOOL_CALL_CLOSED)
 
@@ -117,6 +117,10 @@ class ToolCallQuerySet(models.QuerySet["ToolCall"]):
     def approval_expired(self, now=None) -> ToolCallQuerySet:
         now = now or timezone.now()
         return self.filter(state=ToolCallState.AWAITING_APPROVAL, approval_deadline__lt=now)
+
+
+class ToolCallManager(RecordedManager.from_queryset(ToolCallQuerySet)):  # type: ignore[misc]
+    """Calls with their results (RECORDED), and ToolCallQuerySet's finders."""
 
 
 class ToolCall(FSMModelMixin, models.Model):
@@ -149,10 +153,18 @@ class ToolCall(FSMModelMixin, models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
-    result = json_field(
+    result = RecordedField(
         null=True,
         blank=True,
-        help_text="The result: a JSON value, or content blocks (result_format).",
+        seq_field="result_seq",
+        help_text="The result: a JSON value, or content blocks (result_format); in the column "
+        "only on rows no event holds it for (result_seq).",
+    )
+    result_seq = models.IntegerField(
+        null=True,
+        blank=True,
+        help_text="The seq of the event that recorded the result the call holds now (its "
+        "closing, or the last replacement: models/recorded.py).",
     )
     # Rows written before formats existed get "json": a legacy list of dicts renders as text.
     result_format = models.CharField(
@@ -183,10 +195,14 @@ class ToolCall(FSMModelMixin, models.Model):
     )
     created_at = models.DateTimeField(default=timezone.now)
 
-    objects = ToolCallQuerySet.as_manager()
+    RECORDED = (Recorded("result", "result_seq", "result"),)
+    recorded_result = filled_from(RECORDED[0])
+
+    objects = ToolCallManager()
 
     class Meta:
         ordering = ["run", "turn_index", "position"]
+        base_manager_name = "objects"
         permissions = [("approve_toolcall", "Can approve, reject and resolve tool calls")]
         constraints = [
             models.UniqueConstraint(

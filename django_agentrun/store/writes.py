@@ -26,7 +26,7 @@ from django.utils import timezone
 from .. import streams
 from ..events import EventType
 from ..exceptions import ConcurrentUpdate, LeaseLost
-from ..models import Run, Turn
+from ..models import Run, ToolCall, Turn
 from ..models.recorded import Recorded
 
 Event = tuple[str, dict[str, Any]]
@@ -160,12 +160,19 @@ def placed_in(write: Write) -> list[Placed]:
 
 
 def _describes(obj: Any, kind: str, payload: dict[str, Any]) -> bool:
-    """The event records `obj`'s value: a turn's answer (not one discarded)."""
+    """The event records `obj`'s value: a turn's answer (not one discarded), a call's
+    result (its closing, a person's decision that closes it, a replacement)."""
     if isinstance(obj, Turn):
         return (
             kind == EventType.MODEL_RESPONSE
             and payload.get("turn_index") == obj.index
             and not payload.get("discarded")
+        )
+    if isinstance(obj, ToolCall):
+        return (
+            "result" in payload
+            and payload.get("tool_call_id") == obj.tool_call_id
+            and payload.get("turn_index") == obj.turn_index
         )
     return False
 

@@ -1,7 +1,8 @@
-"""Each byte of a model's answer is written once (issue #38): the model_response event holds a
-turn's content, the turn's row names that event (`content_seq`) and keeps no copy. Every
+"""Each byte of a model's answer and of a tool's result is written once (issue #38): the
+model_response event holds a turn's content, the event that recorded a call's result holds
+it, and the rows name those events (`content_seq`, `result_seq`) and keep no copy. Every
 reader shows the same thing whether a row names its event or, as rows written before
-migration 0020 do, holds its content inline."""
+migration 0020 do, holds its value inline."""
 
 from __future__ import annotations
 
@@ -70,11 +71,15 @@ def _again() -> ScriptedClient:
 
 
 def _inline(run: Run) -> int:
-    """Rewrite `run`'s turns as rows written before 0020 hold them: the content inline."""
+    """Rewrite `run`'s turns and calls as rows written before 0020 hold them: their values
+    inline. How many rows named an event."""
     turns = [t for t in Turn.objects.filter(run=run) if t.content_seq is not None]
     for turn in turns:
         Turn.objects.filter(pk=turn.pk).update(content=turn.content, content_seq=None)
-    return len(turns)
+    calls = [c for c in ToolCall.objects.filter(run=run) if c.result_seq is not None]
+    for call in calls:
+        ToolCall.objects.filter(pk=call.pk).update(result=call.result, result_seq=None)
+    return len(turns) + len(calls)
 
 
 def _render(user: User, run: Run) -> dict[str, str]:
@@ -139,7 +144,7 @@ def test_content_once__every_reader_shows_the_same_either_way(root):
     drive(fork, _again())  # a live run's stream would not end
     runs = [run, failed, fork]
     after = {r.pk: _render(root, r) for r in runs}
-    assert [_inline(r) for r in runs] == [3, 1, 3]
+    assert [_inline(r) for r in runs] == [3 + 2, 1 + 1, 3 + 2]
     before = {r.pk: _render(root, r) for r in runs}
     for r in runs:
         for name, shown in after[r.pk].items():
@@ -155,7 +160,7 @@ def test_content_once__the_history_is_the_same_either_way():
     for old in (False, True):
         fork = fork_run(run, at_turn=2)
         if old:
-            assert _inline(fork) == 2
+            assert _inline(fork) == 2 + 2
         client = _again()
         drive(fork, client)
         assert fork.state == RunState.COMPLETED
@@ -165,3 +170,16 @@ def test_content_once__the_history_is_the_same_either_way():
         "role": "assistant",
         "content": [text("Looking."), *asked[0][1]["content"][1:]],
     }
+
+
+def test_content_once__a_call_names_the_event_of_the_result_it_holds_now():
+    """A replaced result: the call names the replacement's event; the event that closed it
+    still says what the result was then."""
+    _run, failed = _runs()
+    call = ToolCall.objects.get(run=failed)
+    inline, seq = ToolCall.objects.filter(pk=call.pk).values_list("result", "result_seq").get()
+    events = {e.type: e for e in RunEvent.objects.filter(run=failed)}
+    replaced, finished = events["tool_result_replaced"], events["tool_call_finished"]
+    assert (inline, seq) == (None, replaced.seq)
+    assert call.result == replaced.payload["result"] == {"fixed": True}
+    assert finished.payload["result"] != call.result and finished.payload["result"] is not None
