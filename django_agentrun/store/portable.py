@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import F, Q
+from django.db.models import ExpressionWrapper, F, IntegerField, Q, Subquery
 from django.utils import timezone
 
 from ..conf import agentrun_settings
@@ -165,17 +165,23 @@ def _send(write: Write) -> None:
     run = write.run
     placed = placed_in(write)
     # A value its event holds is not copied into the row (models/recorded.py): the row
-    # takes the event's seq once the run's UPDATE has told it.
-    held = {(id(p.obj), p.spec.attr) for p in placed}
+    # takes the seq its event will take, the run's last_seq before this write (read in the
+    # same UPDATE: the write holds SQLite's one write lock from its first statement) plus
+    # the event's place; a row added takes it once the run's UPDATE has told it.
+    held = {id(p.obj): p for p in placed}
+    before = Subquery(Run._base_manager.filter(pk=run.pk).values("last_seq")[:1])
     for change in write.changed:
         model = type(change.obj)
         rows = model._base_manager.filter(pk=change.obj.pk)
         if change.expected is not None:
             rows = rows.filter(state=change.expected)
-        fields = {
-            name: None if (id(change.obj), name) in held else value
-            for name, value in change.fields.items()
-        }
+        fields = dict(change.fields)
+        found = held.get(id(change.obj))
+        if found is not None:
+            fields[found.spec.attr] = None
+            fields[found.spec.seq_field] = ExpressionWrapper(
+                before + found.place + 1, output_field=IntegerField()
+            )
         if rows.update(**fields) != 1:
             refused(write)
     target = Run._base_manager.filter(pk=run.pk)
@@ -202,10 +208,6 @@ def _send(write: Write) -> None:
     try:
         for p in placed:
             setattr(p.obj, p.spec.seq_field, first + p.place)
-            if p.obj.pk is not None:  # a row changed above (an added one is saved below)
-                type(p.obj)._base_manager.filter(pk=p.obj.pk).update(
-                    **{p.spec.seq_field: first + p.place}
-                )
         for obj in write.added:
             if isinstance(obj, Turn):
                 obj.save(force_insert=True)
