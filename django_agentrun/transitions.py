@@ -22,7 +22,7 @@ from .fields import storable_text
 from .models import Run, RunEvent, ToolCall, Turn
 from .outcomes import CallEnding, call_key
 from .states import TOOL_CALL_CLOSED, ResultSource, RunState, ToolCallState, TurnState
-from .store import Write, database_now, following_runs, hold_released
+from .store import Write, database_now, following_runs, hold_released, placed
 
 TURN_CLOSED = (TurnState.COMPLETED, TurnState.CANCELLED, TurnState.FAILED)
 
@@ -484,6 +484,9 @@ def create_run(
     events = [payloads.run_created(run, run.owner, forked_by=forked_by), *history]
     run.last_seq = len(events)
     run.save(force_insert=True)
+    turns, calls = list(turns), list(calls)
+    for found in placed([*turns, *calls], events):  # held by their events, not copied
+        setattr(found.obj, found.spec.seq_field, found.place + 1)
     Turn.objects.bulk_create(turns)
     ToolCall.objects.bulk_create(calls)
     RunEvent.objects.bulk_create(

@@ -22,6 +22,7 @@ from ..states import (
     TurnState,
 )
 from .base import UsageCounts, transition_to, width
+from .recorded import Recorded, RecordedField, RecordedManager, RecordedQuerySet, filled_from
 from .runs import Run
 
 
@@ -40,8 +41,17 @@ class Turn(FSMModelMixin, UsageCounts):
     is_final = models.BooleanField(
         default=False, help_text="The last allowed turn: final notice sent, no tools offered."
     )
-    content = json_field(
-        null=True, blank=True, help_text="The assistant content blocks, as the API returned them."
+    content = RecordedField(
+        null=True,
+        blank=True,
+        seq_field="content_seq",
+        help_text="The assistant content blocks, as the API returned them (in the column only "
+        "on rows no event holds them for: content_seq).",
+    )
+    content_seq = models.IntegerField(
+        null=True,
+        blank=True,
+        help_text="The seq of the model_response event whose content this is (models/recorded.py).",
     )
     message_id = models.CharField(max_length=200, blank=True)
     request_id = models.CharField(max_length=200, blank=True)
@@ -62,8 +72,14 @@ class Turn(FSMModelMixin, UsageCounts):
     started_at = models.DateTimeField(default=timezone.now)
     finished_at = models.DateTimeField(null=True, blank=True)
 
+    RECORDED = (Recorded("content", "content_seq", "content"),)
+    recorded_content = filled_from(RECORDED[0])
+
+    objects = RecordedManager()
+
     class Meta:
         ordering = ["run", "index"]
+        base_manager_name = "objects"
         constraints = [
             models.UniqueConstraint(fields=["run", "index"], name="agentrun_turn_run_index"),
         ]
@@ -90,7 +106,7 @@ class Turn(FSMModelMixin, UsageCounts):
     to_failed = transition_to(state, TURN_TRANSITIONS, TurnState.FAILED)
 
 
-class ToolCallQuerySet(models.QuerySet["ToolCall"]):
+class ToolCallQuerySet(RecordedQuerySet):
     def open(self) -> ToolCallQuerySet:
         return self.exclude(state__in=TOOL_CALL_CLOSED)
 
@@ -101,6 +117,10 @@ class ToolCallQuerySet(models.QuerySet["ToolCall"]):
     def approval_expired(self, now=None) -> ToolCallQuerySet:
         now = now or timezone.now()
         return self.filter(state=ToolCallState.AWAITING_APPROVAL, approval_deadline__lt=now)
+
+
+class ToolCallManager(RecordedManager.from_queryset(ToolCallQuerySet)):  # type: ignore[misc]
+    """Calls with their results (RECORDED), and ToolCallQuerySet's finders."""
 
 
 class ToolCall(FSMModelMixin, models.Model):
@@ -133,10 +153,18 @@ class ToolCall(FSMModelMixin, models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
-    result = json_field(
+    result = RecordedField(
         null=True,
         blank=True,
-        help_text="The result: a JSON value, or content blocks (result_format).",
+        seq_field="result_seq",
+        help_text="The result: a JSON value, or content blocks (result_format); in the column "
+        "only on rows no event holds it for (result_seq).",
+    )
+    result_seq = models.IntegerField(
+        null=True,
+        blank=True,
+        help_text="The seq of the event that recorded the result the call holds now (its "
+        "closing, or the last replacement: models/recorded.py).",
     )
     # Rows written before formats existed get "json": a legacy list of dicts renders as text.
     result_format = models.CharField(
@@ -167,10 +195,14 @@ class ToolCall(FSMModelMixin, models.Model):
     )
     created_at = models.DateTimeField(default=timezone.now)
 
-    objects = ToolCallQuerySet.as_manager()
+    RECORDED = (Recorded("result", "result_seq", "result"),)
+    recorded_result = filled_from(RECORDED[0])
+
+    objects = ToolCallManager()
 
     class Meta:
         ordering = ["run", "turn_index", "position"]
+        base_manager_name = "objects"
         permissions = [("approve_toolcall", "Can approve, reject and resolve tool calls")]
         constraints = [
             models.UniqueConstraint(

@@ -47,7 +47,7 @@ from .locks import (
     sqlstate,
 )
 from .postgres import FENCE_CONSTRAINT
-from .writes import Event, Lease, Share, Write, refused
+from .writes import Event, Lease, Share, Write, placed, refused
 
 __all__ = [
     "FENCE_CONSTRAINT",
@@ -78,6 +78,7 @@ __all__ = [
     "lost_race",
     "next_waiting",
     "over_cap",
+    "placed",
     "poll_cancel",
     "refused",
     "release_lease",

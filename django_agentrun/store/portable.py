@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import F, Q
+from django.db.models import ExpressionWrapper, F, IntegerField, Q, Subquery
 from django.utils import timezone
 
 from ..conf import agentrun_settings
@@ -16,7 +16,7 @@ from ..models import Run, RunEventRow, ToolCall, Turn
 from ..states import RUN_CLAIMABLE
 from . import outbox
 from .rows import Result, orm_rows
-from .writes import Lease, Share, Write, refused, sent, settle
+from .writes import Lease, Share, Write, placed_in, refused, sent, settle
 
 # The columns of an earlier run of a conversation that a follow-up's history reads.
 EARLIER_RUN_FIELDS = ("id", "conversation_position", "input", "context", "state", "last_seq")
@@ -165,12 +165,26 @@ def _fenced(lease: Lease) -> Any:
 
 def _send(write: Write) -> None:
     run = write.run
+    placed = placed_in(write)
+    # A value its event holds is not copied into the row (models/recorded.py): the row
+    # takes the seq its event will take, the run's last_seq before this write (read in the
+    # same UPDATE: the write holds SQLite's one write lock from its first statement) plus
+    # the event's place; a row added takes it once the run's UPDATE has told it.
+    held = {id(p.obj): p for p in placed}
+    before = Subquery(Run._base_manager.filter(pk=run.pk).values("last_seq")[:1])
     for change in write.changed:
         model = type(change.obj)
         rows = model._base_manager.filter(pk=change.obj.pk)
         if change.expected is not None:
             rows = rows.filter(state=change.expected)
-        if rows.update(**change.fields) != 1:
+        fields = dict(change.fields)
+        found = held.get(id(change.obj))
+        if found is not None:
+            fields[found.spec.attr] = None
+            fields[found.spec.seq_field] = ExpressionWrapper(
+                before + found.place + 1, output_field=IntegerField()
+            )
+        if rows.update(**fields) != 1:
             refused(write)
     target = Run._base_manager.filter(pk=run.pk)
     if write.expected_state is not None:
@@ -192,20 +206,28 @@ def _send(write: Write) -> None:
     last_seq, cancel_at = (
         Run._base_manager.filter(pk=run.pk).values_list("last_seq", "cancel_requested_at").get()
     )
-    for obj in write.added:
-        if isinstance(obj, Turn):
-            obj.save(force_insert=True)
-    for obj in write.added:
-        if isinstance(obj, ToolCall):
-            if obj.turn_id is None:
-                obj.turn_id = obj.turn.pk
-            obj.save(force_insert=True)
-    if write.events:
-        RunEventRow(
-            run_id=run.pk,
-            seq=last_seq - len(write.events) + 1,
-            seq_to=last_seq,
-            events=[[kind, data] for kind, data in write.events],
-            created_at=now,
-        ).save(force_insert=True)
-    settle(write, last_seq, cancel_at is not None)
+    first = last_seq - len(write.events) + 1
+    try:
+        for p in placed:
+            setattr(p.obj, p.spec.seq_field, first + p.place)
+        for obj in write.added:
+            if isinstance(obj, Turn):
+                obj.save(force_insert=True)
+        for obj in write.added:
+            if isinstance(obj, ToolCall):
+                if obj.turn_id is None:
+                    obj.turn_id = obj.turn.pk
+                obj.save(force_insert=True)
+        if write.events:
+            RunEventRow(
+                run_id=run.pk,
+                seq=first,
+                seq_to=last_seq,
+                events=[[kind, data] for kind, data in write.events],
+                created_at=now,
+            ).save(force_insert=True)
+    except BaseException:
+        for p in placed:  # rolled back: no event holds the value (a retry places it again)
+            setattr(p.obj, p.spec.seq_field, None)
+        raise
+    settle(write, last_seq, cancel_at is not None, placed)

@@ -21,10 +21,11 @@ from django.utils import timezone
 from ..conf import agentrun_settings
 from ..fields import StorableJSONEncoder
 from ..models import Run, ToolCall, Turn
+from ..models.recorded import RecordedField
 from . import outbox
 from .rows import Result, column_names
 from .sql import QUERIES
-from .writes import Change, Lease, Share, Write, refused, sent, settle
+from .writes import Change, Lease, Placed, Share, Write, placed_in, refused, sent, settle
 
 # A lone write that is refused fails on this constraint (unique run + seq of the events'
 # row; the run's first row already starts at seq 1): see `write` in queries.sql. A test checks the schema
@@ -203,6 +204,9 @@ def _send(write: Write, fenced: type[Exception] | None = None) -> None:
     for obj in write.added:
         if getattr(obj, "created_at", True) is None:
             obj.created_at = now
+    # Values the events hold go as their events' places (1 for the first): the function
+    # stores the seqs those take (queries.sql write_function).
+    placed = {id(p.obj): p for p in placed_in(write)}
     params = {
         "run_id": run.pk,
         "expected_state": write.expected_state,
@@ -212,11 +216,11 @@ def _send(write: Write, fenced: type[Exception] | None = None) -> None:
         "lease_seconds": float(agentrun_settings.LEASE_SECONDS),
         "run_changes": dumps(changes_values(Run, write.run_fields)),
         **{name: write.counters.get(name, 0) for name in COUNTERS},
-        "turns_added": dumps([row_values(t) for t in turns_added]),
-        "turns_changed": dumps(_changes(Turn, turns_changed)),
+        "turns_added": dumps([_placed(row_values(t), placed.get(id(t))) for t in turns_added]),
+        "turns_changed": dumps(_changes(Turn, turns_changed, placed)),
         "turns_changed_count": len(turns_changed),
         "calls_added": dumps([row_values(c) for c in calls_added]),
-        "calls_changed": dumps(_changes(ToolCall, calls_changed)),
+        "calls_changed": dumps(_changes(ToolCall, calls_changed, placed)),
         "calls_changed_count": len(calls_changed),
         "events": dumps([[kind, data] for kind, data in write.events]),
         "event_count": len(write.events),
@@ -242,14 +246,26 @@ def _send(write: Write, fenced: type[Exception] | None = None) -> None:
         if call.turn_id is None:
             call.turn_id = turn_id[call.turn_index]
         _saved(call, call_id[(call.turn_index, call.position)])
-    settle(write, int(last_seq), cancel_requested_at is not None)
+    settle(write, int(last_seq), cancel_requested_at is not None, list(placed.values()))
 
 
-def _changes(model: type, changes: list[Change]) -> list[dict[str, Any]]:
+def _changes(model: type, changes: list[Change], placed: dict[int, Placed]) -> list[dict[str, Any]]:
     return [
-        {"id": c.obj.pk, "expected": c.expected, "changes": changes_values(model, c.fields)}
+        {
+            "id": c.obj.pk,
+            "expected": c.expected,
+            "changes": _placed(changes_values(model, c.fields), placed.get(id(c.obj))),
+        }
         for c in changes
     ]
+
+
+def _placed(values: dict[str, Any], placed: Placed | None) -> dict[str, Any]:
+    """A row's values with its recorded value named by its event's place, not copied."""
+    if placed is not None:
+        values[placed.spec.attr] = None
+        values[placed.spec.seq_field] = placed.place + 1
+    return values
 
 
 def _json(value: Any) -> Any:
@@ -289,6 +305,8 @@ def dumps(value: Any) -> str:
 
 
 def _value(field: models.Field, obj: Any) -> Any:
+    if isinstance(field, RecordedField) and getattr(obj, field.seq_field) is not None:
+        return None  # its event holds it (RecordedField.pre_save, as the ORM saves it)
     value = getattr(obj, field.attname)
     if isinstance(field, models.JSONField) or value is None:
         return value

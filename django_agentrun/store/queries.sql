@@ -46,10 +46,27 @@ WHERE "id" = %(run_id)s
 RETURNING *
 
 -- name: select_turns
-SELECT * FROM "agentrun_turn" WHERE "run_id" = %(run_id)s ORDER BY "index"
+-- A turn's content from the event that holds it (content_seq; models/recorded.py
+-- EventValue, the same subquery): the event row holding that seq, read backwards through
+-- the unique (run, seq) index. Rows written before migration 0020 hold it inline.
+SELECT t.*, (
+  SELECT e."events" -> (t."content_seq" - e."seq") -> 1 -> 'content'
+  FROM "agentrun_runeventrow" AS e
+  WHERE e."run_id" = t."run_id" AND e."seq" <= t."content_seq"
+  ORDER BY e."seq" DESC LIMIT 1
+) AS "recorded_content"
+FROM "agentrun_turn" AS t WHERE t."run_id" = %(run_id)s ORDER BY t."index"
 
 -- name: select_tool_calls
-SELECT * FROM "agentrun_toolcall" WHERE "run_id" = %(run_id)s ORDER BY "turn_index", "position"
+-- A call's result from the event that recorded it (result_seq), as select_turns reads a
+-- turn's content.
+SELECT c.*, (
+  SELECT e."events" -> (c."result_seq" - e."seq") -> 1 -> 'result'
+  FROM "agentrun_runeventrow" AS e
+  WHERE e."run_id" = c."run_id" AND e."seq" <= c."result_seq"
+  ORDER BY e."seq" DESC LIMIT 1
+) AS "recorded_result"
+FROM "agentrun_toolcall" AS c WHERE c."run_id" = %(run_id)s ORDER BY c."turn_index", c."position"
 
 -- name: select_earlier_runs
 -- A conversation's runs before %(position)s that its history holds (not rolled back), in
@@ -62,13 +79,25 @@ WHERE "conversation_id" = %(conversation_id)s AND "conversation_position" < %(po
 ORDER BY "conversation_position"
 
 -- name: select_earlier_turns
-SELECT t.* FROM "agentrun_turn" AS t JOIN "agentrun_run" AS r ON r."id" = t."run_id"
+SELECT t.*, (
+  SELECT e."events" -> (t."content_seq" - e."seq") -> 1 -> 'content'
+  FROM "agentrun_runeventrow" AS e
+  WHERE e."run_id" = t."run_id" AND e."seq" <= t."content_seq"
+  ORDER BY e."seq" DESC LIMIT 1
+) AS "recorded_content"
+FROM "agentrun_turn" AS t JOIN "agentrun_run" AS r ON r."id" = t."run_id"
 WHERE r."conversation_id" = %(conversation_id)s AND r."conversation_position" < %(position)s
   AND NOT r."rolled_back"
 ORDER BY r."conversation_position", t."index"
 
 -- name: select_earlier_tool_calls
-SELECT c.* FROM "agentrun_toolcall" AS c JOIN "agentrun_run" AS r ON r."id" = c."run_id"
+SELECT c.*, (
+  SELECT e."events" -> (c."result_seq" - e."seq") -> 1 -> 'result'
+  FROM "agentrun_runeventrow" AS e
+  WHERE e."run_id" = c."run_id" AND e."seq" <= c."result_seq"
+  ORDER BY e."seq" DESC LIMIT 1
+) AS "recorded_result"
+FROM "agentrun_toolcall" AS c JOIN "agentrun_run" AS r ON r."id" = c."run_id"
 WHERE r."conversation_id" = %(conversation_id)s AND r."conversation_position" < %(position)s
   AND NOT r."rolled_back"
 ORDER BY r."conversation_position", c."turn_index", c."position"
@@ -178,6 +207,12 @@ SELECT * FROM agentrun_write(
 -- one agentrun_runeventrow row whose seqs run up to the run's new last_seq (RunEventRow;
 -- the view agentrun_event shows them one per seq).
 --
+-- A value an event records is not copied into its row (issue #38; models/recorded.py): a
+-- turn's "content_seq" (a call's "result_seq") comes as the place of its model_response
+-- event (of the event that recorded the result) in p_events (1 for the first) and is
+-- stored as the seq that event takes, the run's last_seq (read in run_locked, the row
+-- locked) plus that place; the row's "content" ("result") stays NULL.
+--
 -- The rows to change are read through LIMIT <their count> (the count the run's UPDATE
 -- checks anyway): the planner cannot see into a JSON list and takes it for 100 rows, which
 -- makes a hash join over a sequential scan of the whole turn or tool-call table look
@@ -233,12 +268,14 @@ BEGIN
 RETURN QUERY
 WITH
 run_locked AS MATERIALIZED (
-  SELECT "id" FROM "agentrun_run" WHERE "id" = p_run_id FOR NO KEY UPDATE
+  SELECT "id", "last_seq" AS "seq_before" FROM "agentrun_run" WHERE "id" = p_run_id
+  FOR NO KEY UPDATE
 ),
 turns_changed AS (
   UPDATE "agentrun_turn" AS t SET
     "state" = CASE WHEN v.changes ? 'state' THEN p."state" ELSE t."state" END,
     "content" = CASE WHEN v.changes ? 'content' THEN p."content" ELSE t."content" END,
+    "content_seq" = CASE WHEN v.changes ? 'content_seq' THEN run_locked."seq_before" + p."content_seq" ELSE t."content_seq" END,
     "message_id" = CASE WHEN v.changes ? 'message_id' THEN p."message_id" ELSE t."message_id" END,
     "request_id" = CASE WHEN v.changes ? 'request_id' THEN p."request_id" ELSE t."request_id" END,
     "model" = CASE WHEN v.changes ? 'model' THEN p."model" ELSE t."model" END,
@@ -261,11 +298,13 @@ turns_changed AS (
 ),
 turns_added AS (
   INSERT INTO "agentrun_turn" (
-    "run_id", "index", "state", "is_final", "content", "message_id", "request_id", "model",
-    "stop_reason", "model_attempts", "usage_details", "prefix", "input_tokens", "output_tokens",
-    "cache_creation_input_tokens", "cache_read_input_tokens", "started_at", "finished_at"
+    "run_id", "index", "state", "is_final", "content", "content_seq", "message_id", "request_id",
+    "model", "stop_reason", "model_attempts", "usage_details", "prefix", "input_tokens",
+    "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens", "started_at",
+    "finished_at"
   )
-  SELECT p."run_id", p."index", p."state", p."is_final", p."content", p."message_id",
+  SELECT p."run_id", p."index", p."state", p."is_final", p."content",
+         (SELECT l."seq_before" FROM run_locked AS l) + p."content_seq", p."message_id",
          p."request_id", p."model", p."stop_reason", p."model_attempts",
          COALESCE(p."usage_details", '{}'::jsonb), COALESCE(p."prefix", ''), p."input_tokens",
          p."output_tokens", p."cache_creation_input_tokens", p."cache_read_input_tokens",
@@ -282,6 +321,7 @@ calls_changed AS (
     "heartbeat_at" = CASE WHEN v.changes ? 'heartbeat_at' THEN p."heartbeat_at" ELSE c."heartbeat_at" END,
     "finished_at" = CASE WHEN v.changes ? 'finished_at' THEN p."finished_at" ELSE c."finished_at" END,
     "result" = CASE WHEN v.changes ? 'result' THEN p."result" ELSE c."result" END,
+    "result_seq" = CASE WHEN v.changes ? 'result_seq' THEN run_locked."seq_before" + p."result_seq" ELSE c."result_seq" END,
     "result_format" = CASE WHEN v.changes ? 'result_format' THEN p."result_format" ELSE c."result_format" END,
     "is_error" = CASE WHEN v.changes ? 'is_error' THEN p."is_error" ELSE c."is_error" END,
     "result_source" = CASE WHEN v.changes ? 'result_source' THEN p."result_source" ELSE c."result_source" END,
@@ -307,16 +347,17 @@ calls_added AS (
   INSERT INTO "agentrun_toolcall" (
     "run_id", "turn_id", "turn_index", "tool_call_id", "position", "name", "arguments",
     "arguments_hash", "side_effect", "idempotency_key", "state", "attempt", "started_at",
-    "heartbeat_at", "finished_at", "result", "result_format", "is_error", "result_source",
-    "unknown_reason", "approved", "approval_payload", "approval_deadline", "decided_by_id",
-    "decided_at", "decision_note", "original_arguments", "created_at"
+    "heartbeat_at", "finished_at", "result", "result_seq", "result_format", "is_error",
+    "result_source", "unknown_reason", "approved", "approval_payload", "approval_deadline",
+    "decided_by_id", "decided_at", "decision_note", "original_arguments", "created_at"
   )
   SELECT p."run_id",
          -- A call of a turn added by this same statement takes that turn's new id.
          COALESCE(p."turn_id", (SELECT a."id" FROM turns_added a WHERE a."index" = p."turn_index")),
          p."turn_index", p."tool_call_id", p."position", p."name", p."arguments",
          p."arguments_hash", p."side_effect", p."idempotency_key", p."state", p."attempt",
-         p."started_at", p."heartbeat_at", p."finished_at", p."result", p."result_format",
+         p."started_at", p."heartbeat_at", p."finished_at", p."result",
+         (SELECT l."seq_before" FROM run_locked AS l) + p."result_seq", p."result_format",
          p."is_error", p."result_source", p."unknown_reason", p."approved",
          p."approval_payload", p."approval_deadline", p."decided_by_id", p."decided_at",
          p."decision_note", p."original_arguments", p."created_at"
@@ -364,6 +405,10 @@ r AS (
          OR (r."lease_epoch" = p_epoch AND r."lease_owner" = p_owner))
     AND (SELECT count(*) FROM turns_changed) = p_turns_changed_count
     AND (SELECT count(*) FROM calls_changed) = p_calls_changed_count
+    -- The rows added before this UPDATE: they read run_locked, which finds no row once
+    -- this statement has updated it (a row the statement changed is not locked again).
+    AND (SELECT count(*) FROM turns_added) >= 0
+    AND (SELECT count(*) FROM calls_added) >= 0
   RETURNING r."last_seq", r."cancel_requested_at", r."lease_expires_at"
 ),
 events AS (

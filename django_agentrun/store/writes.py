@@ -15,7 +15,7 @@ portable.py: a few ORM statements in one transaction); what both do once it is s
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal, NoReturn
@@ -24,8 +24,10 @@ from django.db import transaction
 from django.utils import timezone
 
 from .. import streams
+from ..events import EventType
 from ..exceptions import ConcurrentUpdate, LeaseLost
-from ..models import Run
+from ..models import Run, ToolCall, Turn
+from ..models.recorded import Recorded
 
 Event = tuple[str, dict[str, Any]]
 
@@ -118,6 +120,63 @@ class Write:
         self.after_commit.append(callback)
 
 
+@dataclass(frozen=True)
+class Placed:
+    """A recorded value (models/recorded.py) one of a write's events holds: the row takes
+    the seq of the event at `place` (0 for the first of the write's) instead of a copy."""
+
+    obj: Any
+    spec: Recorded
+    place: int
+
+
+def placed(objs: Iterable[Any], events: list[Event]) -> list[Placed]:
+    """The recorded values of `objs` that `events` hold: for each, the last event that
+    describes the object and holds its value as it is now."""
+    out = []
+    for obj in objs:
+        for spec in getattr(obj, "RECORDED", ()):
+            value = getattr(obj, spec.attr)
+            if value is None:
+                continue
+            for place in range(len(events) - 1, -1, -1):
+                kind, payload = events[place]
+                if _describes(obj, kind, payload) and payload.get(spec.key) == value:
+                    out.append(Placed(obj, spec, place))
+                    break
+    return out
+
+
+def placed_in(write: Write) -> list[Placed]:
+    """`placed` for a write: the objects it adds, and those whose recorded value it sets."""
+    if not write.events:
+        return []
+    changed = [
+        c.obj
+        for c in write.changed
+        if any(s.attr in c.fields for s in getattr(c.obj, "RECORDED", ()))
+    ]
+    return placed([*write.added, *changed], write.events)
+
+
+def _describes(obj: Any, kind: str, payload: dict[str, Any]) -> bool:
+    """The event records `obj`'s value: a turn's answer (not one discarded), a call's
+    result (its closing, a person's decision that closes it, a replacement)."""
+    if isinstance(obj, Turn):
+        return (
+            kind == EventType.MODEL_RESPONSE
+            and payload.get("turn_index") == obj.index
+            and not payload.get("discarded")
+        )
+    if isinstance(obj, ToolCall):
+        return (
+            "result" in payload
+            and payload.get("tool_call_id") == obj.tool_call_id
+            and payload.get("turn_index") == obj.turn_index
+        )
+    return False
+
+
 def _nudge() -> Callable[[Any, int], Any] | None:
     return streams.notify if streams.publisher() is not None else None
 
@@ -125,9 +184,15 @@ def _nudge() -> Callable[[Any, int], Any] | None:
 # -- after sending -----------------------------------------------------------------------
 
 
-def settle(write: Write, last_seq: int, cancel_requested: bool) -> None:
-    """The run instance takes what was written (the write was sent)."""
+def settle(
+    write: Write, last_seq: int, cancel_requested: bool, placed: Iterable[Placed] = ()
+) -> None:
+    """The run instance takes what was written (the write was sent), the rows of recorded
+    values the seqs of the events that hold them."""
     run = write.run
+    first = last_seq - len(write.events) + 1
+    for p in placed:
+        setattr(p.obj, p.spec.seq_field, first + p.place)
     run.last_seq = last_seq
     for name, value in write.run_fields.items():
         if name != "state":

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db.models import Q
+
 from django_agentrun.abort import AbortSignal
 from django_agentrun.clients.anthropic import AnthropicModelClient
 from django_agentrun.clients.base import ModelRequest, ModelResponse, StreamAborted, Usage
@@ -46,5 +48,7 @@ class ExplorerClient:
         run_id, index = getattr(actor, "asking", None) or (None, None)
         if run_id is None:
             return
-        if Turn.objects.filter(run_id=run_id, index=index, content__isnull=False).exists():
+        # Recorded: its content inline (rows before migration 0020) or named by its event.
+        recorded = Q(content__isnull=False) | Q(content_seq__isnull=False)
+        if Turn.objects.filter(recorded, run_id=run_id, index=index).exists():
             self.world.truth.violated(f"the model was asked again for recorded turn {index}")
