@@ -140,7 +140,15 @@ def _run_context(run: Any) -> Any:
     stored = getattr(run, "trace_context", None)
     if not stored:
         return None
-    ctx = _W3C.extract(stored)
+    return _parsed(stored.get("traceparent"), stored.get("tracestate"))
+
+
+@lru_cache(maxsize=1024)
+def _parsed(traceparent: str | None, tracestate: str | None) -> Any:
+    """A stored context as the propagator reads it (None: not valid). Parsed once per run
+    and process, not once per stretch (a context is immutable: one serves every stretch)."""
+    carrier = {"traceparent": traceparent, "tracestate": tracestate}
+    ctx = _W3C.extract({k: v for k, v in carrier.items() if v})
     return ctx if trace.get_current_span(ctx).get_span_context().is_valid else None
 
 
@@ -344,10 +352,13 @@ def stretch_ended(stretch: Stretch, outcome: str, turns: Iterable[Any]) -> None:
     the turns it closed, and the run's end."""
     run = stretch.run
     wall_began = time.time() - (time.monotonic() - stretch.began)
-    for t in turns:
-        if t.finished_at is not None and t.finished_at.timestamp() >= wall_began:
-            seconds = (t.finished_at - t.started_at).total_seconds()
-            TURN_DURATION.record(max(seconds, 0.0), _model_attributes(run.agent, t.model))
+    for t in reversed(turns):  # the newest first: those it closed are the last ones
+        if t.finished_at is None:
+            continue  # the turn still open (the run parked, or handed it on)
+        if t.finished_at.timestamp() < wall_began:
+            break  # closed before this stretch, as every turn before it was
+        seconds = (t.finished_at - t.started_at).total_seconds()
+        TURN_DURATION.record(max(seconds, 0.0), _model_attributes(run.agent, t.model))
     if not stretch.recording:
         return
     span = stretch.span
