@@ -313,3 +313,32 @@ def test_chat_span__one_per_model_request__the_sdk_s_with_the_answer_s_facts(
     assert (second["agentrun.turn.index"], second["agentrun.model.attempt"]) == (1, 1)
     assert second["gen_ai.response.finish_reasons"] == ("end_turn",)
     assert not [e.name for s in spans for e in s.events if e.name == "gen_ai.turn"]
+
+
+def histogram_count(reader, name: str) -> int:
+    return sum(p.count for m in collected(reader) if m.name == name for p in m.data.data_points)
+
+
+def test_turn_durations__each_turn_once__by_the_stretch_that_closed_it(
+    sdk, db, no_broker, settings
+):
+    """One turn a stretch (TURNS_PER_TASK 1): each stretch records the duration of the turn
+    it closed, none of the turns earlier stretches closed, and none of the turn still open."""
+    from django_agentrun.testing import ScriptedClient, reply, text, tool_use
+    from tests.conftest import drive
+
+    _, reader = sdk
+    settings.AGENTRUN_TURNS_PER_TASK = 1
+    before = histogram_count(reader, "agentrun.turn.duration")
+    client = ScriptedClient(
+        [
+            reply(tool_use("lookup", {"query": "a"})),
+            reply(tool_use("lookup", {"query": "b"})),
+            reply(text("Done.")),
+        ]
+    )
+    run = start_run("test-agent", "Look a and b up.")
+    outcomes = drive(run, client)
+    assert run.state == "completed", (run.state, run.error_code)
+    assert len(outcomes) >= 3  # a stretch a turn
+    assert histogram_count(reader, "agentrun.turn.duration") == before + 3
