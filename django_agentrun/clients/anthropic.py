@@ -29,6 +29,7 @@ from .base import (
     Usage,
     emit,
 )
+from .tracing import Chat, ChatTracerProvider
 
 __all__ = ["AnthropicModelClient"]
 
@@ -139,13 +140,13 @@ class AnthropicModelClient:
             kwargs["base_url"] = self._base_url
         client = anthropic.Anthropic(**kwargs)
         # As the SDK resolved them (its environment variables included), with the tracer
-        # provider that hands each request's `chat` span to the app (telemetry.Chat).
+        # provider that hands each request's `chat` span to the app (tracing.Chat).
         options = client.open_telemetry
         traces = options["traces"]
         if telemetry.capture_content():
             # The host opted in to content in spans: the SDK's `chat` span has it too.
             traces = {**traces, "content_mode": "content"}
-        provider = telemetry.ChatTracerProvider(options.get("tracer_provider"))
+        provider = ChatTracerProvider(options.get("tracer_provider"))
         return client.with_options(
             open_telemetry={**options, "traces": traces, "tracer_provider": provider}
         )
@@ -202,7 +203,7 @@ class AnthropicModelClient:
         if "context_management" in params or "mcp_servers" in params:
             messages = self.client.beta.messages  # betas in SDK 2.16
         try:
-            with telemetry.Chat() as chat, messages.stream(**params) as stream:
+            with Chat() as chat, messages.stream(**params) as stream:
                 handle.attach(stream.response)
                 self._local.headers = stream.response.headers
                 try:
@@ -245,7 +246,7 @@ class AnthropicModelClient:
 
     @staticmethod
     def _read(
-        stream: Any, abort: AbortSignal, on_event: Any = None, chat: telemetry.Chat | None = None
+        stream: Any, abort: AbortSignal, on_event: Any = None, chat: Chat | None = None
     ) -> Any:
         """Consume the stream (checking `abort` between events, handing each delta to
         `on_event`, the answer to the request's `chat` span at its `message_delta`); the
