@@ -11,7 +11,9 @@ no instrument aggregates. With one:
   however much later, is a child of it;
 - `invoke_agent {agent}` around each stretch a worker spends on a run (the driver opens
   it after the claim); the `anthropic` SDK's own `chat` span is its child (the SDK parents
-  its span on the current one), so the app emits no second one;
+  its span on the current one), one per model request, and the app emits no second one:
+  it adds what the SDK's span lacks (the finish reasons, the cache writes under the
+  conventions' name, the turn, the attempt) to the SDK's (clients/tracing.py);
 - `execute_tool {tool}` around each handler invocation;
 - approvals and cancels as short spans in the run's trace, recoveries, hand-offs and
   parks as events of the stretch's span.
@@ -138,7 +140,15 @@ def _run_context(run: Any) -> Any:
     stored = getattr(run, "trace_context", None)
     if not stored:
         return None
-    ctx = _W3C.extract(stored)
+    return _parsed(stored.get("traceparent"), stored.get("tracestate"))
+
+
+@lru_cache(maxsize=1024)
+def _parsed(traceparent: str | None, tracestate: str | None) -> Any:
+    """A stored context as the propagator reads it (None: not valid). Parsed once per run
+    and process, not once per stretch (a context is immutable: one serves every stretch)."""
+    carrier = {"traceparent": traceparent, "tracestate": tracestate}
+    ctx = _W3C.extract({k: v for k, v in carrier.items() if v})
     return ctx if trace.get_current_span(ctx).get_span_context().is_valid else None
 
 
@@ -207,6 +217,8 @@ class Stretch:
         self.began = began
         self.recording = span.is_recording()
         self.fields: dict[str, Any] = {"run_id": str(run.pk), "agent": run.agent, "turn": None}
+        # Which attempt at the current turn's answer the next model request is (1: the first).
+        self.attempt = 1
         # The cost of its answers by (agent, model), added to agentrun.cost once, at its end.
         self.costs: dict[tuple[str, str], float] = {}
 
@@ -254,10 +266,22 @@ def invoke_agent(run: Any, model: str, *, recovery: bool = False) -> Iterator[St
 
 
 def at_turn(index: int) -> None:
-    """The turn the current stretch works on (for the log fields)."""
+    """The turn the current stretch asks the model for (the log fields, the `chat` span's
+    turn and attempt)."""
     stretch = _STRETCH.get()
     if stretch is not None:
         stretch.fields["turn"] = index
+        stretch.attempt = 1
+
+
+def asking() -> tuple[int, int] | None:
+    """The turn the current stretch asks the model for and which attempt at its answer the
+    request is (1: the first), or None outside a model turn: what a request's `chat` span
+    says of it (clients/tracing.py)."""
+    stretch = _STRETCH.get()
+    if stretch is None or stretch.fields["turn"] is None:
+        return None
+    return stretch.fields["turn"], stretch.attempt
 
 
 def claimed(stretch: Stretch, run: Any, *, first: bool, recovery: bool) -> None:
@@ -301,8 +325,8 @@ def _tool_attributes(tool: str, outcome: str) -> dict[str, Any]:
 
 
 def answered(run: Any, turn: Any, model: str, seconds: float, cost: Any = None) -> None:
-    """The model's answer for `turn` (recorded or not): the GenAI client metrics, its cost,
-    the turn's facts as an event of the stretch's span (where the SDK's `chat` span is)."""
+    """The model's answer for `turn` (recorded or not): the GenAI client metrics and its
+    cost. (The answer's facts are on its request's `chat` span: clients/tracing.py.)"""
     if turn.content is None:  # no answer recorded: the request failed or was stopped
         (failed,) = _chat_attributes(model, None, run.error_code or "_OTHER")
         OPERATION_DURATION.record(seconds, failed)
@@ -318,20 +342,6 @@ def answered(run: Any, turn: Any, model: str, seconds: float, cost: Any = None) 
         stretch.costs[run.agent, model] = stretch.costs.get((run.agent, model), 0.0) + float(cost)
     elif cost:
         COST.add(float(cost), _model_attributes(run.agent, model))
-    span = stretch.span if stretch is not None else trace.get_current_span()
-    if span.is_recording():
-        share = (turn.cache_read_input_tokens or 0) / prompt if prompt else 0.0
-        span.add_event(
-            "gen_ai.turn",
-            {
-                "agentrun.turn.index": turn.index,
-                "agentrun.model.attempts": turn.model_attempts or 1,
-                "agentrun.cache_read.share": round(share, 4),
-                "gen_ai.usage.input_tokens": prompt,
-                "gen_ai.usage.output_tokens": turn.output_tokens or 0,
-                "gen_ai.response.finish_reasons": [turn.stop_reason or ""],
-            },
-        )
 
 
 def model_retry(status: int | None, model: str, *, parked: bool = False) -> None:
@@ -342,6 +352,9 @@ def model_retry(status: int | None, model: str, *, parked: bool = False) -> None
     if status:
         attributes["http.response.status_code"] = status
     MODEL_RETRIES.add(1, attributes)
+    stretch = _STRETCH.get()
+    if stretch is not None and not parked:  # the next request is the turn's next attempt
+        stretch.attempt += 1
 
 
 def stretch_ended(stretch: Stretch, outcome: str, turns: Iterable[Any]) -> None:
@@ -349,10 +362,13 @@ def stretch_ended(stretch: Stretch, outcome: str, turns: Iterable[Any]) -> None:
     the turns it closed, and the run's end."""
     run = stretch.run
     wall_began = time.time() - (time.monotonic() - stretch.began)
-    for t in turns:
-        if t.finished_at is not None and t.finished_at.timestamp() >= wall_began:
-            seconds = (t.finished_at - t.started_at).total_seconds()
-            TURN_DURATION.record(max(seconds, 0.0), _model_attributes(run.agent, t.model))
+    for t in reversed(turns):  # the newest first: those it closed are the last ones
+        if t.finished_at is None:
+            continue  # the turn still open (the run parked, or handed it on)
+        if t.finished_at.timestamp() < wall_began:
+            break  # closed before this stretch, as every turn before it was
+        seconds = (t.finished_at - t.started_at).total_seconds()
+        TURN_DURATION.record(max(seconds, 0.0), _model_attributes(run.agent, t.model))
     if not stretch.recording:
         return
     span = stretch.span

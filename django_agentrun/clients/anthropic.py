@@ -29,6 +29,7 @@ from .base import (
     Usage,
     emit,
 )
+from .tracing import Chat, ChatTracerProvider
 
 __all__ = ["AnthropicModelClient"]
 
@@ -138,12 +139,17 @@ class AnthropicModelClient:
         if self._base_url is not None:
             kwargs["base_url"] = self._base_url
         client = anthropic.Anthropic(**kwargs)
+        # As the SDK resolved them (its environment variables included), with the tracer
+        # provider that hands each request's `chat` span to the app (tracing.Chat).
+        options = client.open_telemetry
+        traces = options["traces"]
         if telemetry.capture_content():
             # The host opted in to content in spans: the SDK's `chat` span has it too.
-            options = client.open_telemetry
-            traces = {**options["traces"], "content_mode": "content"}
-            client = client.with_options(open_telemetry={**options, "traces": traces})
-        return client
+            traces = {**traces, "content_mode": "content"}
+        provider = ChatTracerProvider(options.get("tracer_provider"))
+        return client.with_options(
+            open_telemetry={**options, "traces": traces, "tracer_provider": provider}
+        )
 
     @property
     def last_headers(self) -> Any:
@@ -197,11 +203,11 @@ class AnthropicModelClient:
         if "context_management" in params or "mcp_servers" in params:
             messages = self.client.beta.messages  # betas in SDK 2.16
         try:
-            with messages.stream(**params) as stream:
+            with Chat() as chat, messages.stream(**params) as stream:
                 handle.attach(stream.response)
                 self._local.headers = stream.response.headers
                 try:
-                    message = self._read(stream, abort, request.on_event)
+                    message = self._read(stream, abort, request.on_event, chat)
                     request_id = stream.request_id or getattr(message, "_request_id", None) or ""
                 finally:
                     handle.detach()
@@ -239,14 +245,20 @@ class AnthropicModelClient:
     # -- helpers ---------------------------------------------------------------------------
 
     @staticmethod
-    def _read(stream: Any, abort: AbortSignal, on_event: Any = None) -> Any:
+    def _read(
+        stream: Any, abort: AbortSignal, on_event: Any = None, chat: Chat | None = None
+    ) -> Any:
         """Consume the stream (checking `abort` between events, handing each delta to
-        `on_event`); the final Message."""
+        `on_event`, the answer to the request's `chat` span at its `message_delta`); the
+        final Message."""
         if abort.aborted:  # fired while we waited for the response headers
             raise StreamAborted(f"model stream aborted: {abort.reason}")
+        answered = chat.answered if chat is not None and chat.span is not None else None
         for event in stream:
             if abort.aborted:
                 break
+            if answered is not None and event.type == "message_delta":
+                answered(stream.current_message_snapshot)
             if on_event is not None:
                 delta = _delta(event)
                 if delta is not None:

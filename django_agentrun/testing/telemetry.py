@@ -152,7 +152,13 @@ def render(spans: Iterable[dict[str, Any]]) -> str:
         a = span["attributes"]
         facts = " ".join(
             f"{k}={a[k]}"
-            for k in ("gen_ai.agent.name", "gen_ai.tool.name", "agentrun.outcome", "pid")
+            for k in (
+                "gen_ai.agent.name",
+                "gen_ai.tool.name",
+                "agentrun.turn.index",
+                "agentrun.outcome",
+                "pid",
+            )
             if k in a
         )
         lines.append(f"{'  ' * depth}{span['name']}  {ms:.1f} ms  [pid {span['pid']}] {facts}")

@@ -249,3 +249,96 @@ def test_model_retries__a_rate_limit_park_counts_as_a_retry(sdk, db, no_broker, 
     run = start_run("test-agent", "hello")
     assert advance(run.pk, client=ScriptedClient([limited])) == Outcome.CONTINUED
     assert parked() == before + 1
+
+
+def test_chat_span__one_per_model_request__the_sdk_s_with_the_answer_s_facts(
+    sdk, db, no_broker, settings, agentrun_messages_api
+):
+    """Through the real SDK and the Messages API stand-in: each model request has exactly
+    one `chat` span, the SDK's, the child of its stretch's span; the app adds what the
+    SDK's lacks (the turn and the attempt from its start, the finish reasons, the cache
+    writes under the conventions' name, the cache-read share); no span has an event per
+    answer any more."""
+    from django_agentrun.testing import drive
+    from django_agentrun.testing.messages_api import Reply, by_step, error, text, tool_use
+
+    exporter, _ = sdk
+    settings.AGENTRUN_MODEL_RETRY_BASE_SECONDS = 0.001
+    usage = {
+        "input_tokens": 100,
+        "cache_creation_input_tokens": 100,
+        "cache_read_input_tokens": 300,
+        "output_tokens": 20,
+    }
+    answers = by_step(
+        [
+            Reply([tool_use("lookup", {"query": "q"}, id="toolu_1")], usage=usage),
+            Reply([text("Done.")]),
+        ]
+    )
+    asked: list[int] = []
+
+    def script(body):
+        asked.append(1)
+        return error(500) if len(asked) == 1 else answers(body)  # the first attempt fails
+
+    agentrun_messages_api.script = script
+    run = drive(start_run("test-agent", "Look it up."))
+    assert run.state == "completed", (run.state, run.error_code)
+
+    spans = exporter.get_finished_spans()
+    chats = sorted(
+        (s for s in spans if s.attributes.get("gen_ai.operation.name") == "chat"),
+        key=lambda s: s.start_time,
+    )
+    assert len(asked) == 3
+    assert [s.name for s in chats] == ["anthropic.messages.create"] * 3  # the SDK's, never two
+    assert {s.instrumentation_scope.name for s in chats} == {"com.anthropic.sdk.python"}
+    stretches = {s.context.span_id for s in spans if s.name == "invoke_agent test-agent"}
+    assert all(s.parent.span_id in stretches for s in chats)
+
+    failed, first, second = (dict(s.attributes) for s in chats)
+    assert (failed["agentrun.turn.index"], failed["agentrun.model.attempt"]) == (0, 1)
+    assert failed["error.type"] == "api_error"
+    assert "gen_ai.response.finish_reasons" not in failed
+
+    assert (first["agentrun.turn.index"], first["agentrun.model.attempt"]) == (0, 2)
+    assert first["gen_ai.response.finish_reasons"] == ("tool_use",)
+    assert first["gen_ai.usage.cache_creation.input_tokens"] == 100
+    assert first["gen_ai.usage.cache_read.input_tokens"] == 300  # the SDK's own
+    assert first["gen_ai.usage.input_tokens"] == 500  # the SDK's: cache reads and writes in
+    assert first["gen_ai.usage.output_tokens"] == 20
+    assert first["agentrun.cache_read.share"] == 0.6
+
+    assert (second["agentrun.turn.index"], second["agentrun.model.attempt"]) == (1, 1)
+    assert second["gen_ai.response.finish_reasons"] == ("end_turn",)
+    assert not [e.name for s in spans for e in s.events if e.name == "gen_ai.turn"]
+
+
+def histogram_count(reader, name: str) -> int:
+    return sum(p.count for m in collected(reader) if m.name == name for p in m.data.data_points)
+
+
+def test_turn_durations__each_turn_once__by_the_stretch_that_closed_it(
+    sdk, db, no_broker, settings
+):
+    """One turn a stretch (TURNS_PER_TASK 1): each stretch records the duration of the turn
+    it closed, none of the turns earlier stretches closed, and none of the turn still open."""
+    from django_agentrun.testing import ScriptedClient, reply, text, tool_use
+    from tests.conftest import drive
+
+    _, reader = sdk
+    settings.AGENTRUN_TURNS_PER_TASK = 1
+    before = histogram_count(reader, "agentrun.turn.duration")
+    client = ScriptedClient(
+        [
+            reply(tool_use("lookup", {"query": "a"})),
+            reply(tool_use("lookup", {"query": "b"})),
+            reply(text("Done.")),
+        ]
+    )
+    run = start_run("test-agent", "Look a and b up.")
+    outcomes = drive(run, client)
+    assert run.state == "completed", (run.state, run.error_code)
+    assert len(outcomes) >= 3  # a stretch a turn
+    assert histogram_count(reader, "agentrun.turn.duration") == before + 3
