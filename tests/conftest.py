@@ -269,23 +269,29 @@ def no_broker(monkeypatch) -> list[str]:
     return sent
 
 
-@pytest.fixture(autouse=True)
-def _every_run_projects(request):
-    """Invariant 7 on every run any test creates: the events alone rebuild the rows."""
+def _database_first(request) -> bool:
+    """Set the test's database up before the calling fixture's own work (so the teardown
+    after its `yield` runs before the database is rolled back or flushed); False for a
+    test without one."""
     names = request.fixturenames
     marker = request.node.get_closest_marker("django_db")
-    if request.node.get_closest_marker("no_projection_check") or not (
-        marker or any(n in names for n in _DB_FIXTURES)
-    ):
-        yield
-        return
+    if not (marker or any(n in names for n in _DB_FIXTURES)):
+        return False
     transactional = (
         "transactional_db" in names
         or "postgres" in names
         or (marker is not None and marker.kwargs.get("transaction"))
     )
-    # Set the database up first, so this teardown runs before it is rolled back or flushed.
     request.getfixturevalue("transactional_db" if transactional else "db")
+    return True
+
+
+@pytest.fixture(autouse=True)
+def _every_run_projects(request):
+    """Invariant 7 on every run any test creates: the events alone rebuild the rows."""
+    if request.node.get_closest_marker("no_projection_check") or not _database_first(request):
+        yield
+        return
     yield
     for run in Run.objects.all():
         assert_projection_matches(run)
@@ -299,17 +305,9 @@ def _every_run_phase_matches(request):
     any test leaves, whatever wrote it (the ORM, the store's statements, the write
     function, bulk updates, the admin): on Postgres a trigger keeps it (migration
     0019_run_phase), on SQLite it is a generated column."""
-    names = request.fixturenames
-    marker = request.node.get_closest_marker("django_db")
-    if not (marker or any(n in names for n in _DB_FIXTURES)):
+    if not _database_first(request):
         yield
         return
-    transactional = (
-        "transactional_db" in names
-        or "postgres" in names
-        or (marker is not None and marker.kwargs.get("transaction"))
-    )
-    request.getfixturevalue("transactional_db" if transactional else "db")
     yield
     assert_phases_match()
 

@@ -82,7 +82,12 @@ class Trace:
         if code.co_name in COMPREHENSIONS:
             return
         here = _name(code.co_filename)
-        self.calls.append((here, code.co_qualname))
+        # A function nested in a comprehension is named through it before 3.12 only
+        # ("f.<locals>.<listcomp>.<genexpr>"): named as from 3.12.
+        qualname = code.co_qualname
+        for comprehension in COMPREHENSIONS:
+            qualname = qualname.replace(f".{comprehension}", "")
+        self.calls.append((here, qualname))
         caller = frame.f_back
         while caller is not None and not _ours(caller.f_code.co_filename):
             caller = caller.f_back  # through Django, psycopg, the handler
