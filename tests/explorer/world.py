@@ -19,7 +19,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from django_agentrun import Agent, Reconciliation, SideEffect, ToolContext, tool
+from django_agentrun import Agent, Reconciliation, SideEffect, ToolContext, store, tool
 
 from .controller import Actor
 
@@ -104,6 +104,7 @@ class FakeBeat:
     are moves of the schedule (World.heartbeat, World.watchdog)."""
 
     def __init__(self, lease: Any, abort: Any) -> None:
+        self.lease = lease
         self.actor = CURRENT.get()
         if self.actor is not None:
             self.actor.lease, self.actor.abort = lease, abort
@@ -114,6 +115,12 @@ class FakeBeat:
     def stop(self) -> None:
         if self.actor is not None:
             self.actor.lease = None
+
+    def give_up(self) -> bool:
+        """Heartbeat.give_up: the beat stops (the schedule renews this actor's lease no
+        more), then the lease runs out, its epoch moved on."""
+        self.stop()
+        return store.expire_lease(self.lease)
 
 
 @dataclass
